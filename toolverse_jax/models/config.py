@@ -1,0 +1,103 @@
+"""Model configuration and presets for the Qwen3 decoder family."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a Qwen3-style decoder (names follow HF `Qwen3Config` where they map)."""
+
+    vocab_size: int = 384
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    mlp_dim: int = 128
+    rope_theta: float = 10_000.0
+    rms_eps: float = 1e-6
+    tie_embeddings: bool = True
+    max_seq_len: int = 4096
+    # Storage dtype of params and compute dtype of activations ("float32" | "bfloat16").
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    # Rematerialize each decoder layer in the backward pass (saves activation memory).
+    remat: bool = False
+    # Mixture of experts (Qwen3-MoE, e.g. qwen3-30b-a3b). 0 experts = dense. The MoE block is not
+    # implemented yet; configs that ask for it fail at model construction with a clear error.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_mlp_dim: int = 0
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention")
+        for field in ("param_dtype", "dtype"):
+            if getattr(self, field) not in _DTYPES:
+                raise ValueError(
+                    f"ModelConfig.{field}={getattr(self, field)!r}; expected one of {sorted(_DTYPES)}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def jnp_param_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def replace(self, **kwargs: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **kwargs)
+
+    def num_params(self) -> int:
+        """Returns the parameter count implied by the config (dense models)."""
+        attn = self.d_model * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        norms = 2 * self.d_model + 2 * self.head_dim
+        mlp = 3 * self.d_model * self.mlp_dim
+        emb = self.vocab_size * self.d_model * (1 if self.tie_embeddings else 2)
+        return self.num_layers * (attn + norms + mlp) + emb + self.d_model
+
+
+_QWEN3_COMMON = dict(vocab_size=151_936, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+                     max_seq_len=40_960, param_dtype="bfloat16", dtype="bfloat16")
+
+PRESETS: dict[str, ModelConfig] = {
+    # Tests and the CPU quickstart: byte-level vocab (256 bytes + specials, padded).
+    "tiny": ModelConfig(),
+    "small": ModelConfig(vocab_size=384, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                         head_dim=32, mlp_dim=384),
+    "qwen3-0.6b": ModelConfig(d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+                              mlp_dim=3072, tie_embeddings=True, **_QWEN3_COMMON),
+    "qwen3-1.7b": ModelConfig(d_model=2048, num_layers=28, num_heads=16, num_kv_heads=8,
+                              mlp_dim=6144, tie_embeddings=True, **_QWEN3_COMMON),
+    "qwen3-4b": ModelConfig(d_model=2560, num_layers=36, num_heads=32, num_kv_heads=8,
+                            mlp_dim=9728, tie_embeddings=True, **_QWEN3_COMMON),
+    "qwen3-8b": ModelConfig(d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+                            mlp_dim=12288, tie_embeddings=False, **_QWEN3_COMMON),
+    # MoE: the config is recorded so checkpoints and sweeps can name it; the expert block is the
+    # next piece of model work (see models/qwen3.py: Qwen3Block).
+    "qwen3-30b-a3b": ModelConfig(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+                                 mlp_dim=6144, tie_embeddings=False, num_experts=128,
+                                 num_experts_per_tok=8, moe_mlp_dim=768, **_QWEN3_COMMON),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+    """Returns the preset `name` with `overrides` applied."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; available: {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

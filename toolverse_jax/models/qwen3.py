@@ -1,0 +1,250 @@
+"""Qwen3 dense decoder as a pure-functional flax.linen module with logical axis annotations.
+
+Params are a plain pytree; `apply` is pure. Attention masking is driven by segment ids: tokens
+attend causally to earlier tokens of the same non-zero segment, so one code path serves packed
+sequences, left-padded batches (padding = segment 0) and decoding against a KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from toolverse_jax.models.config import ModelConfig
+
+# Finite "minus infinity": a fully masked row (a padding query) stays finite instead of NaN.
+_MASK_VALUE = -1e30
+
+
+class KVCache(NamedTuple):
+    """Decoding state. k, v: [layers, batch, slots, kv_heads, head_dim]; seg: [batch, slots]
+    (segment id of the token in each slot, 0 = empty); index: [] next slot to write."""
+
+    k: jax.Array
+    v: jax.Array
+    seg: jax.Array
+    index: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, slots: int, dtype=None) -> KVCache:
+    """Returns an empty KV cache with `slots` positions per sequence."""
+    dtype = dtype or cfg.jnp_dtype
+    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   seg=jnp.zeros((batch, slots), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+def _param(module: nn.Module, name: str, init, shape, names, dtype):
+    return module.param(name, nn.with_logical_partitioning(init, names), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    param_dtype: jnp.dtype
+    axis_name: str = "embed"
+
+    @nn.compact
+    def __call__(self, x):
+        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,),
+                       self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Returns x [batch, length, heads, head_dim] rotated by positions [batch, length] (HF layout)."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, l, half]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention_mask(q_seg: jax.Array, q_slot: jax.Array, k_seg: jax.Array,
+                   k_slot: jax.Array) -> jax.Array:
+    """Returns bool [batch, q_len, k_len]: causal in slot order, same non-zero segment."""
+    same = (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] != 0)
+    causal = k_slot[:, None, :] <= q_slot[:, :, None]
+    return same & causal
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, mask, kv_cache=None, index=None):
+        cfg = self.cfg
+        pd = cfg.jnp_param_dtype
+        init = nn.initializers.normal(stddev=cfg.d_model ** -0.5)
+        wq = _param(self, "q_proj", init, (cfg.d_model, cfg.num_heads, cfg.head_dim),
+                    ("embed", "heads", "head_dim"), pd)
+        wk = _param(self, "k_proj", init, (cfg.d_model, cfg.num_kv_heads, cfg.head_dim),
+                    ("embed", "kv", "head_dim"), pd)
+        wv = _param(self, "v_proj", init, (cfg.d_model, cfg.num_kv_heads, cfg.head_dim),
+                    ("embed", "kv", "head_dim"), pd)
+        wo = _param(self, "o_proj", nn.initializers.normal(stddev=(cfg.num_heads * cfg.head_dim) ** -0.5),
+                    (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "head_dim", "embed"), pd)
+        dt = cfg.jnp_dtype
+        q = jnp.einsum("bld,dhk->blhk", x, wq.astype(dt))
+        k = jnp.einsum("bld,dhk->blhk", x, wk.astype(dt))
+        v = jnp.einsum("bld,dhk->blhk", x, wv.astype(dt))
+        q = RMSNorm(cfg.rms_eps, pd, "head_dim", name="q_norm")(q)
+        k = RMSNorm(cfg.rms_eps, pd, "head_dim", name="k_norm")(k)
+        q = rope(q, positions, cfg.rope_theta)
+        k = rope(k, positions, cfg.rope_theta)
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
+        k = nn.with_logical_constraint(k, ("batch", "length", "kv", "head_dim"))
+        new_kv = None
+        if kv_cache is not None:
+            k_all, v_all = kv_cache
+            k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype), (0, index, 0, 0))
+            v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype), (0, index, 0, 0))
+            new_kv = (k_all, v_all)
+            k, v = k_all.astype(dt), v_all.astype(dt)
+        b, l, h, hd = q.shape
+        groups = cfg.num_heads // cfg.num_kv_heads
+        qg = q.reshape(b, l, cfg.num_kv_heads, groups, hd)
+        scores = jnp.einsum("blkgd,bskd->bkgls", qg, k).astype(jnp.float32) * (hd ** -0.5)
+        scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgls,bskd->blkgd", probs, v).reshape(b, l, h, hd)
+        out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
+        return jnp.einsum("blhk,hkd->bld", out, wo.astype(dt)), new_kv
+
+
+class MLP(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+        pd, dt = cfg.jnp_param_dtype, cfg.jnp_dtype
+        init = nn.initializers.normal(stddev=cfg.d_model ** -0.5)
+        wg = _param(self, "gate_proj", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pd)
+        wu = _param(self, "up_proj", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pd)
+        wd = _param(self, "down_proj", nn.initializers.normal(stddev=cfg.mlp_dim ** -0.5),
+                    (cfg.mlp_dim, cfg.d_model), ("mlp", "embed"), pd)
+        h = jax.nn.silu(x @ wg.astype(dt)) * (x @ wu.astype(dt))
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        return h @ wd.astype(dt)
+
+
+class Qwen3Block(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, mask, kv_cache=None, index=None):
+        cfg = self.cfg
+        pd = cfg.jnp_param_dtype
+        h, new_kv = Attention(cfg, name="attn")(
+            RMSNorm(cfg.rms_eps, pd, name="input_norm")(x), positions, mask, kv_cache, index)
+        x = x + h
+        # Qwen3-MoE replaces this MLP with a routed expert block (cfg.num_experts > 0).
+        x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_eps, pd, name="post_attn_norm")(x))
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        return x, new_kv
+
+
+class Qwen3(nn.Module):
+    """Decoder: tokens [batch, length] -> final hidden states [batch, length, d_model]."""
+
+    cfg: ModelConfig
+
+    def setup(self):
+        cfg = self.cfg
+        if cfg.is_moe:
+            raise NotImplementedError(
+                "Qwen3-MoE (num_experts > 0) is not implemented yet: use a dense preset "
+                "(tiny, qwen3-0.6b/1.7b/4b/8b) or add the routed expert block in Qwen3Block")
+        pd = cfg.jnp_param_dtype
+        self.embedding = self.param(
+            "embedding", nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0),
+                                                      ("vocab", "embed")),
+            (cfg.vocab_size, cfg.d_model), pd)
+        block = nn.remat(Qwen3Block) if cfg.remat else Qwen3Block
+        self.layers = [block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.final_norm = RMSNorm(cfg.rms_eps, pd, name="final_norm")
+        if not cfg.tie_embeddings:
+            self.lm_head = self.param(
+                "lm_head", nn.with_logical_partitioning(
+                    nn.initializers.normal(stddev=cfg.d_model ** -0.5), ("embed", "vocab")),
+                (cfg.d_model, cfg.vocab_size), pd)
+
+    def __call__(self, tokens, positions=None, segment_ids=None, cache: KVCache | None = None):
+        """Returns (hidden [batch, length, d_model], new cache or None).
+
+        positions: [batch, length] RoPE positions (default: 0..length-1).
+        segment_ids: [batch, length] int, 0 marks padding (default: all ones).
+        cache: when given, tokens are written at slots cache.index.. and attend to the cache.
+        """
+        cfg = self.cfg
+        b, l = tokens.shape
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, l), jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+        x = jnp.take(self.embedding, tokens, axis=0).astype(cfg.jnp_dtype)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        if cache is None:
+            slots = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+            mask = attention_mask(segment_ids, slots, segment_ids, slots)
+            for layer in self.layers:
+                x, _ = layer(x, positions, mask, None, None)
+            return self.final_norm(x), None
+        index = cache.index
+        seg_all = jax.lax.dynamic_update_slice(cache.seg, segment_ids.astype(jnp.int32), (0, index))
+        s = cache.seg.shape[1]
+        q_slot = jnp.broadcast_to(index + jnp.arange(l, dtype=jnp.int32), (b, l))
+        k_slot = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        mask = attention_mask(segment_ids, q_slot, seg_all, k_slot)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            x, (k_i, v_i) = layer(x, positions, mask, (cache.k[i], cache.v[i]), index)
+            new_k.append(k_i)
+            new_v.append(v_i)
+        new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), seg_all, index + l)
+        return self.final_norm(x), new_cache
+
+    def unembedding(self):
+        """Returns the [d_model, vocab] output projection (tied: embedding transposed)."""
+        return self.embedding.T if self.cfg.tie_embeddings else self.lm_head
+
+
+def unembedding_matrix(params, cfg: ModelConfig) -> jax.Array:
+    """Returns the [d_model, vocab] output projection from a params pytree."""
+    return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array):
+    """Returns a freshly initialized params pytree (plain arrays, logical boxes removed)."""
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    boxed = Qwen3(cfg).init(rng, tokens)["params"]
+    return nn.unbox(boxed)
+
+
+def logical_axes(cfg: ModelConfig):
+    """Returns a pytree matching params whose leaves are logical axis-name tuples."""
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    abstract = jax.eval_shape(lambda r: Qwen3(cfg).init(r, tokens)["params"], jax.random.key(0))
+    return nn.get_partition_spec(abstract)
+
+
+def forward(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None,
+            cache: KVCache | None = None):
+    """Returns (hidden [batch, length, d_model], new cache) — the pure model function."""
+    return Qwen3(cfg).apply({"params": params}, tokens, positions, segment_ids, cache)
+
+
+def logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None) -> jax.Array:
+    """Returns float32 logits [batch, length, vocab] for int32 tokens [batch, length]."""
+    hidden, _ = forward(params, cfg, tokens, positions, segment_ids)
+    w = unembedding_matrix(params, cfg)
+    return jnp.einsum("bld,dv->blv", hidden.astype(jnp.float32), w.astype(jnp.float32))
