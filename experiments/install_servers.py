@@ -1,0 +1,82 @@
+"""Installs the third-party MCP servers and harvests their tool manifests.
+
+    python -m experiments.install_servers            # pip + npm install, then harvest
+    python -m experiments.install_servers --harvest-only
+
+PyPI servers go into the current Python env (versions pinned below, verified with mcp 2.3.0);
+npm servers into `<repo>/.mcp_servers/node_modules` (gitignored). A server that fails to install
+or start is reported and skipped; the catalog then marks it unavailable with the reason.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+PIP_PINS = ["mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19", "mcp-server-sqlite==2025.4.25"]
+NPM_PINS = ["@modelcontextprotocol/server-filesystem@2026.8.31", "@modelcontextprotocol/server-memory@2026.8.31",
+            "@modelcontextprotocol/server-everything@2026.8.31"]
+
+
+def pip_install() -> bool:
+    r = subprocess.run([sys.executable, "-m", "pip", "install", *PIP_PINS], capture_output=True, text=True)
+    print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install " + " ".join(PIP_PINS))
+    if r.returncode:
+        print(r.stderr[-2000:])
+    return r.returncode == 0
+
+
+def npm_install() -> bool:
+    from toolverse_jax.envs.catalog import npm_root
+
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        print("skip npm servers: node/npm not found on PATH (install Node.js >= 18)")
+        return False
+    root = npm_root()
+    os.makedirs(root, exist_ok=True)
+    r = subprocess.run(["npm", "install", "--prefix", root, "--no-audit", "--no-fund", *NPM_PINS],
+                       capture_output=True, text=True)
+    print(("ok   " if r.returncode == 0 else "FAIL ") + f"npm install --prefix {root} " + " ".join(NPM_PINS))
+    if r.returncode:
+        print(r.stderr[-2000:])
+    return r.returncode == 0
+
+
+def harvest_third_party() -> dict:
+    from toolverse_jax.envs.catalog import CATALOG_DIR, ServerEntry
+    from toolverse_jax.envs.harvest import list_tools_live, write_manifest
+
+    with open(os.path.join(CATALOG_DIR, "third_party.json")) as f:
+        raw = json.load(f)
+    out = {}
+    for d in raw:
+        e = ServerEntry(**dict(d, path_params=tuple(d.get("path_params", ()))))
+        try:
+            tools = asyncio.run(list_tools_live(e))
+            write_manifest(e, tools, "harvested: " + e.description)
+            out[e.name] = len(tools)
+            print(f"ok   harvested {e.name}: {len(tools)} tools")
+        except Exception as ex:  # noqa: BLE001 - report and go on
+            out[e.name] = f"failed: {ex!r}"
+            print(f"FAIL harvest {e.name}: {ex!r}")
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--harvest-only", action="store_true")
+    a = p.parse_args(argv)
+    if not a.harvest_only:
+        pip_install()
+        npm_install()
+    from toolverse_jax.envs.harvest import harvest_builtin
+
+    harvest_builtin()
+    harvest_third_party()
+
+
+if __name__ == "__main__":
+    main()

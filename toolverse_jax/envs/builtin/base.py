@@ -1,0 +1,186 @@
+"""Framework for built-in stateful MCP servers: one `Domain` per file, per-episode state.
+
+A domain is a set of typed tool functions plus `init_state(rng, seed, sandbox) -> dict` (JSON-able).
+`DomainServer` serves a domain with the SDK's `MCPServer`; one process holds the state of many
+episodes keyed by the episode id the client sends in the request `_meta` (so the env pool can
+share one server process across episodes). Hidden tools (`_tv_*`, never shown to the agent)
+reset, read and drop an episode's state.
+"""
+
+import contextvars
+import copy
+import functools
+import inspect
+import json
+import random
+from typing import Any, Callable
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+EPISODE_META_KEY = "toolverse/episode"
+HIDDEN_PREFIX = "_tv_"
+DEFAULT_EPISODE = "default"
+
+_STATE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tv_state", default=None)
+
+
+def db() -> dict:
+    """Returns the state dict of the episode the current tool call belongs to."""
+    st = _STATE.get()
+    if st is None:
+        raise ToolError("no episode state: call the server through the env pool (reset first)")
+    return st
+
+
+def fail(msg: str) -> None:
+    """Raises a ToolError (status tool_error) with a message the agent sees."""
+    raise ToolError(msg)
+
+
+def next_id(prefix: str) -> str:
+    """Returns a fresh deterministic id like 'em_0007' for the current episode."""
+    counters = db().setdefault("_counters", {})
+    counters[prefix] = counters.get(prefix, 0) + 1
+    return f"{prefix}_{counters[prefix]:04d}"
+
+
+def get_row(table: str, key: str, what: str) -> dict:
+    """Returns row `key` of `table`, or a tool error naming the id and how to find valid ones."""
+    rows = db()[table]
+    if key not in rows:
+        known = ", ".join(list(rows)[:5])
+        fail(f"{what} '{key}' not found (known ids start with: {known or 'none'})")
+    return rows[key]
+
+
+class Domain:
+    """A built-in server definition: name, description, seeded initial state, tools."""
+
+    def __init__(self, name: str, description: str, init_state: Callable[[random.Random, int, str | None], dict]):
+        self.name = name
+        self.description = description
+        self.init_state = init_state
+        self.tools: list[Callable[..., Any]] = []
+
+    def tool(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Registers `fn` (typed params, TypedDict return) as a tool of this domain."""
+        self.tools.append(fn)
+        return fn
+
+    def fresh_state(self, seed: int, sandbox: str | None = None) -> dict:
+        """Returns the deterministic initial state for `seed`."""
+        rng = random.Random(f"{self.name}:{seed}")
+        st = self.init_state(rng, seed, sandbox)
+        st.setdefault("_counters", {})
+        return st
+
+
+def _as_async(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # The SDK runs sync tools on a worker thread; the tools are cheap, so run them inline.
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    @functools.wraps(fn)
+    async def run(**kwargs):
+        return fn(**kwargs)
+
+    return run
+
+
+def _meta_get(meta: Any, key: str) -> Any:
+    if meta is None:
+        return None
+    if isinstance(meta, dict):
+        return meta.get(key)
+    extra = getattr(meta, "model_extra", None) or {}
+    return extra.get(key, getattr(meta, key, None))
+
+
+class EpisodeStates:
+    """Per-episode state store shared by DomainServer and the synthesizer."""
+
+    def __init__(self, fresh: Callable[[int, str | None], Any]):
+        self.fresh = fresh
+        self.states: dict[str, Any] = {}
+
+    def get(self, episode: str) -> Any:
+        if episode not in self.states:
+            if episode != DEFAULT_EPISODE:
+                raise ToolError(f"episode '{episode}' has no state on this server (reset it first)")
+            self.states[episode] = self.fresh(0, None)
+        return self.states[episode]
+
+
+class DomainServer(MCPServer):
+    """MCPServer for one Domain, holding the state of many episodes."""
+
+    def __init__(self, domain: Domain):
+        super().__init__(domain.name, instructions=domain.description, log_level="WARNING")
+        self.domain = domain
+        self.episodes = EpisodeStates(domain.fresh_state)
+        for fn in domain.tools:
+            self.add_tool(_as_async(fn), name=fn.__name__, description=(fn.__doc__ or "").strip())
+        add_hidden_tools(self, self.episodes, lambda st: _public(st))
+
+    async def _handle_call_tool(self, ctx, params):
+        episode = str(_meta_get(ctx.meta, EPISODE_META_KEY) or DEFAULT_EPISODE)
+        if params.name.startswith(HIDDEN_PREFIX):
+            token = _EPISODE.set(episode)
+            try:
+                return await super()._handle_call_tool(ctx, params)
+            finally:
+                _EPISODE.reset(token)
+        try:
+            state = self.episodes.get(episode)
+        except ToolError as e:
+            from mcp.types import CallToolResult, TextContent
+
+            return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
+        token = _STATE.set(state)
+        try:
+            return await super()._handle_call_tool(ctx, params)
+        finally:
+            _STATE.reset(token)
+
+
+_EPISODE: contextvars.ContextVar[str] = contextvars.ContextVar("tv_episode", default=DEFAULT_EPISODE)
+
+
+def current_episode() -> str:
+    """Returns the episode id of the current hidden-tool call."""
+    return _EPISODE.get()
+
+
+def _public(st: dict) -> dict:
+    return json.loads(json.dumps({k: v for k, v in st.items() if not k.startswith("_")}))
+
+
+def add_hidden_tools(server: MCPServer, episodes: EpisodeStates, read: Callable[[Any], dict],
+                     drop: Callable[[Any], None] | None = None) -> None:
+    """Adds `_tv_reset`, `_tv_state`, `_tv_close` (the pool's control plane) to `server`."""
+
+    async def _tv_reset(seed: int = 0, sandbox: str | None = None) -> dict:
+        ep = current_episode()
+        if ep in episodes.states and drop is not None:
+            drop(episodes.states[ep])
+        episodes.states[ep] = episodes.fresh(seed, sandbox)
+        return {"episode": ep, "ok": True}
+
+    async def _tv_state() -> dict:
+        return {"state": read(episodes.get(current_episode()))}
+
+    async def _tv_close() -> dict:
+        st = episodes.states.pop(current_episode(), None)
+        if st is not None and drop is not None:
+            drop(st)
+        return {"ok": st is not None}
+
+    for fn in (_tv_reset, _tv_state, _tv_close):
+        server.add_tool(fn, name=fn.__name__, description="internal (env pool control)",
+                        structured_output=False)
+
+
+def clone(x: Any) -> Any:
+    """Returns a deep copy (rows handed to the agent must not alias state)."""
+    return copy.deepcopy(x)
