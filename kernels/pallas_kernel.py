@@ -23,6 +23,7 @@ from jax.experimental.pallas import triton as pltriton
 from kernels.chunked import NEG, chunk_cotangent, fold_chunk, init_stats
 
 F32 = jnp.float32
+_NO_ID = jnp.iinfo(jnp.int32).max
 
 
 def _round_up(x: int, m: int) -> int:
@@ -36,7 +37,9 @@ def _chunk_ids(start, rows: int, c: int):
 def _masked_logits(h, w, start, c, v_valid, inv_t):
     z = jnp.dot(h, w, preferred_element_type=F32) * inv_t
     ids = _chunk_ids(start, z.shape[0], c)
-    return jnp.where(ids < v_valid, z, NEG), ids
+    valid = ids < v_valid
+    # Padded columns get an id no (shard-local) target can equal, so they never match a target.
+    return jnp.where(valid, z, NEG), jnp.where(valid, ids, _NO_ID)
 
 
 def _fwd_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, tc_ref, tl_ref, *, c, n_chunks, v_valid,
