@@ -1,0 +1,195 @@
+"""Parses generated assistant text into content, tool calls and a final answer.
+
+Convention (the one `chat.render_chat` writes):
+  - a tool call is `<tool_call>{"name": str, "arguments": {...}}</tool_call>`; whitespace
+    around the JSON is ignored; a turn may hold zero or more calls;
+  - the final answer is the text of the last `<answer>...</answer>` outside tool calls,
+    whitespace-trimmed (None when there is none); the task's verifier scores it;
+  - content is the text outside tool calls, trimmed, `<answer>` tags left in place;
+  - a trailing `<|im_end|>` / `<|endoftext|>` (decoded stop token) is dropped.
+
+`parse_tool_calls` raises the first problem as a `ToolCallError`; the rollout uses
+`parse_tool_calls_lenient`, which keeps the calls that parse and records each problem, so an
+invalid call is an observation for the model, never a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+_STOP_SUFFIXES = ("<|im_end|>", "<|endoftext|>")
+_ALLOWED_KEYS = ("name", "arguments")
+
+ERROR_KINDS = (
+    "malformed_json",
+    "unclosed_tag",
+    "missing_name",
+    "bad_arguments",
+    "unknown_keys",
+    "nested_tag",
+)
+
+
+class ToolCallError(ValueError):
+    """A tool call that cannot be executed; `.kind` is one of ERROR_KINDS.
+
+    `.index` is the 1-based number of the `<tool_call>` block (None for answer-tag errors).
+    """
+
+    def __init__(self, kind: str, message: str, index: int | None = None):
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"ToolCallError kind must be one of {ERROR_KINDS}; got {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+        self.index = index
+
+    def __reduce__(self):  # picklable across the env-pool process boundary
+        return (ToolCallError, (self.kind, str(self), self.index))
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedTurn:
+    content: str
+    calls: list[ToolCall]
+    final_answer: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LenientTurn:
+    """What parses, plus every problem found (in text order)."""
+
+    content: str
+    calls: list[ToolCall]
+    final_answer: str | None
+    errors: list[ToolCallError]
+
+
+def _type_name(x: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean",
+            type(None): "null"}.get(type(x), "number")
+
+
+def parse_call_body(body: str, index: int) -> ToolCall:
+    """Returns the ToolCall in one `<tool_call>` body; raises ToolCallError."""
+    where = f"tool call {index}"
+    src = body.strip()
+    if not src:
+        raise ToolCallError("malformed_json", f'{where}: empty; expected {{"name": ..., '
+                            '"arguments": {...}} between the tags', index)
+    try:
+        obj = json.loads(src)
+    except json.JSONDecodeError as e:
+        raise ToolCallError("malformed_json", f"{where}: JSON error at char {e.pos}: {e.msg}",
+                            index) from None
+    except (ValueError, RecursionError) as e:  # huge ints, absurd nesting
+        raise ToolCallError("malformed_json", f"{where}: JSON error: {e}", index) from None
+    if not isinstance(obj, dict):
+        raise ToolCallError("malformed_json", f"{where}: expected a JSON object with 'name' and "
+                            f"'arguments'; got a JSON {_type_name(obj)}", index)
+    unknown = sorted(k for k in obj if k not in _ALLOWED_KEYS)
+    if unknown:
+        raise ToolCallError("unknown_keys", f"{where}: unknown keys {unknown}; expected 'name' "
+                            "and 'arguments'", index)
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        got = "no 'name'" if "name" not in obj else f"name {json.dumps(name)}"
+        raise ToolCallError("missing_name", f"{where}: needs a non-empty string 'name'; got "
+                            f"{got}", index)
+    if "arguments" not in obj:
+        raise ToolCallError("bad_arguments", f"{where} ({name!r}): needs 'arguments' (a JSON "
+                            "object, {} when the tool takes none)", index)
+    args = obj["arguments"]
+    if not isinstance(args, dict):
+        raise ToolCallError("bad_arguments", f"{where} ({name!r}): 'arguments' must be a JSON "
+                            f"object; got a JSON {_type_name(args)}", index)
+    return ToolCall(name, args)
+
+
+def _strip_stop(text: str) -> str:
+    t = text.rstrip()
+    for s in _STOP_SUFFIXES:
+        if t.endswith(s):
+            return t[: -len(s)]
+    return text
+
+
+_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+
+
+def _scan(text: str) -> LenientTurn:
+    text = _strip_stop(text)
+    outside: list[str] = []
+    calls: list[ToolCall] = []
+    errors: list[ToolCallError] = []
+    pos = 0
+    index = 0
+    while True:
+        o = text.find(OPEN, pos)
+        stray = text.find(CLOSE, pos)
+        if stray != -1 and (o == -1 or stray < o):
+            errors.append(ToolCallError(
+                "unclosed_tag", f"stray {CLOSE!r} at char {stray} with no {OPEN!r} before it",
+                index + 1))
+            outside.append(text[pos:stray])
+            pos = stray + len(CLOSE)
+            continue
+        if o == -1:
+            outside.append(text[pos:])
+            break
+        outside.append(text[pos:o])
+        index += 1
+        start = o + len(OPEN)
+        c = text.find(CLOSE, start)
+        o2 = text.find(OPEN, start)
+        if o2 != -1 and (c == -1 or o2 < c):
+            errors.append(ToolCallError(
+                "nested_tag", f"tool call {index}: {OPEN!r} at char {o2} opens before the call "
+                f"at char {o} is closed; close each call with {CLOSE!r}", index))
+            pos = o2  # the inner tag starts the next call
+            continue
+        if c == -1:
+            errors.append(ToolCallError(
+                "unclosed_tag", f"tool call {index}: {OPEN!r} at char {o} is never closed; end "
+                f"the call with {CLOSE!r}", index))
+            break
+        try:
+            calls.append(parse_call_body(text[start:c], index))
+        except ToolCallError as e:
+            errors.append(e)
+        pos = c + len(CLOSE)
+
+    content = "".join(outside)
+    answers = _ANSWER_RE.findall(content)
+    final_answer = answers[-1].strip() if answers else None
+    leftover = _ANSWER_RE.sub("", content).find(ANSWER_OPEN)
+    if leftover != -1:
+        errors.append(ToolCallError(
+            "unclosed_tag", f"{ANSWER_OPEN!r} is never closed; end the answer with "
+            f"{ANSWER_CLOSE!r}", None))
+    return LenientTurn(content.strip(), calls, final_answer, errors)
+
+
+def parse_tool_calls(text: str) -> ParsedTurn:
+    """Returns the content, tool calls and final answer of `text`; raises ToolCallError."""
+    turn = _scan(text)
+    if turn.errors:
+        raise turn.errors[0]
+    return ParsedTurn(turn.content, turn.calls, turn.final_answer)
+
+
+def parse_tool_calls_lenient(text: str) -> LenientTurn:
+    """Returns the calls that parse and every ToolCallError found; never raises on text."""
+    return _scan(text)
