@@ -1,0 +1,95 @@
+"""Sampler: greedy == step-by-step argmax of the full forward, stops, filtering, buckets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from toolverse_jax.models import get_preset, init_params, logits
+from toolverse_jax.sampling import SamplingParams, bucket_length, generate, pad_prompts
+from toolverse_jax.sampling.sampler import _filter_logits
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = get_preset("tiny")
+    return cfg, init_params(cfg, jax.random.key(0))
+
+
+def _argmax_reference(params, cfg, prompt, n):
+    seq = list(prompt)
+    out, lps = [], []
+    for _ in range(n):
+        lg = np.asarray(logits(params, cfg, jnp.asarray([seq])))[0, -1].astype(np.float64)
+        tok = int(np.argmax(lg))
+        lse = np.log(np.sum(np.exp(lg - lg.max()))) + lg.max()
+        out.append(tok)
+        lps.append(lg[tok] - lse)
+        seq.append(tok)
+    return out, lps
+
+
+def test_greedy_equals_full_forward_argmax(model):
+    cfg, params = model
+    prompts = [[5, 9, 17, 3], [100, 2, 7, 7, 7, 250, 1], [42]]
+    out = generate(params, cfg, prompts, SamplingParams(max_new_tokens=10), jax.random.key(1))
+    for i, p in enumerate(prompts):
+        ref_tok, ref_lp = _argmax_reference(params, cfg, p, 10)
+        assert out.tokens[i].tolist() == ref_tok
+        np.testing.assert_allclose(out.logprobs[i], ref_lp, atol=1e-4)
+    assert out.lengths.tolist() == [10, 10, 10]
+    assert not out.stopped.any()
+
+
+def test_stop_token_and_stop_sequence_end_each_row_independently(model):
+    cfg, params = model
+    prompts = [[5, 9, 17, 3], [100, 2, 7, 7, 7, 250, 1]]
+    free = generate(params, cfg, prompts, SamplingParams(max_new_tokens=8), jax.random.key(1))
+    stop_tok = int(free.tokens[0, 2])  # row 0 emits this at step 2
+    sp = SamplingParams(max_new_tokens=8, stop_token_ids=(stop_tok,), pad_id=0)
+    out = generate(params, cfg, prompts, sp, jax.random.key(1))
+    first = list(free.tokens[0]).index(stop_tok)
+    assert out.lengths[0] == first + 1 and out.stopped[0]
+    assert (out.tokens[0, first + 1:] == 0).all() and (out.logprobs[0, first + 1:] == 0).all()
+    row1 = list(free.tokens[1])
+    expect1 = row1.index(stop_tok) + 1 if stop_tok in row1 else 8
+    assert out.lengths[1] == expect1
+    seq = tuple(int(t) for t in free.tokens[1, 3:5])
+    out2 = generate(params, cfg, prompts, SamplingParams(max_new_tokens=8, stop_sequences=(seq,)),
+                    jax.random.key(1))
+    assert out2.lengths[1] <= 5 and out2.stopped[1]
+    assert tuple(out2.tokens[1, out2.lengths[1] - 2:out2.lengths[1]]) == seq
+
+
+def test_sampling_is_seeded_and_respects_top_k(model):
+    cfg, params = model
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=3)
+    a = generate(params, cfg, [[1, 2, 3]] * 4, sp, jax.random.key(7))
+    b = generate(params, cfg, [[1, 2, 3]] * 4, sp, jax.random.key(7))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    seq = [1, 2, 3]
+    for t in a.tokens[0]:
+        lg = np.asarray(logits(params, cfg, jnp.asarray([seq])))[0, -1]
+        assert int(t) in np.argsort(lg)[-3:]
+        seq.append(int(t))
+
+
+def test_filter_top_p_keeps_smallest_prefix():
+    lg = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    kept = np.isfinite(np.asarray(_filter_logits(lg, 0, 0.7))) & (
+        np.asarray(_filter_logits(lg, 0, 0.7)) > -1e30)
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = np.asarray(_filter_logits(lg, 0, 0.4)) > -1e30
+    assert kept.tolist() == [[True, False, False, False]]
+
+
+def test_buckets_bound_shapes():
+    assert [bucket_length(n) for n in (1, 32, 33, 100, 1024, 1025)] == [32, 32, 64, 128, 1024, 2048]
+    tok, seg = pad_prompts([[1, 2], [3, 4, 5]], pad_id=0)
+    assert tok.shape == (2, 32) and seg[0].sum() == 2 and tok[1, -3:].tolist() == [3, 4, 5]
+    tok, _ = pad_prompts([[1]] * 3, pad_id=0)
+    assert tok.shape[0] == 4
+    with pytest.raises(ValueError, match="at least one token"):
+        pad_prompts([[]], pad_id=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)

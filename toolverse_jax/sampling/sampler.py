@@ -1,0 +1,170 @@
+"""Batched autoregressive sampling: jitted prefill + KV-cache decode, bucketed shapes.
+
+Prompts are left-padded into a length bucket (padding = segment 0) and the batch is padded to a
+power of two, so a multi-turn loop whose contexts grow every turn reuses a handful of compiled
+programs instead of recompiling each turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from toolverse_jax.models.config import ModelConfig
+from toolverse_jax.models.qwen3 import forward, init_cache, unembedding_matrix
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature == 0 means greedy (argmax)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0          # 0 = off
+    top_p: float = 1.0      # 1.0 = off
+    # A sequence stops right after emitting any of these ids (e.g. <|im_end|>, EOS).
+    stop_token_ids: tuple[int, ...] = ()
+    # Multi-token stop sequences (for tokenizers where a stop string is several ids).
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1]")
+        if any(len(s) == 0 for s in self.stop_sequences):
+            raise ValueError("SamplingParams.stop_sequences must not contain an empty sequence")
+
+
+class SampleOutput(NamedTuple):
+    """tokens: [batch, max_new] (pad after stop); logprobs: [batch, max_new] of the sampled
+    tokens under the temperature-scaled model distribution (0 after stop); lengths: [batch]
+    number of generated tokens including the stop token; stopped: [batch] hit a stop id/seq."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    stopped: np.ndarray
+
+
+def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 1024) -> int:
+    """Returns the padded length for n: powers of two up to `linear_above`, then its multiples."""
+    if n <= min_bucket:
+        return min_bucket
+    if n <= linear_above:
+        return 1 << (n - 1).bit_length()
+    return -(-n // linear_above) * linear_above
+
+
+def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """Returns logits [batch, vocab] with tokens outside top-k / nucleus top-p set to -inf."""
+    neg = jnp.finfo(logits.dtype).min
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, neg, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        cum = jnp.cumsum(probs, axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p (always keep the best token).
+        keep = (cum - probs) < top_p
+        cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, neg, logits)
+    return logits
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sp"))
+def _generate_core(params, tokens, seg, rng, *, cfg: ModelConfig, sp: SamplingParams):
+    b, p = tokens.shape
+    n = sp.max_new_tokens
+    w = unembedding_matrix(params, cfg).astype(jnp.float32)
+    positions = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0).astype(jnp.int32)
+    cache = init_cache(cfg, b, p + n)
+    hidden, cache = forward(params, cfg, tokens, positions, seg, cache)
+    logits = hidden[:, -1].astype(jnp.float32) @ w
+    pos = positions[:, -1] + 1
+    stop_ids = jnp.asarray(sp.stop_token_ids or (-1,), jnp.int32)
+    max_stop = max((len(s) for s in sp.stop_sequences), default=1)
+    stop_seqs = np.full((max(len(sp.stop_sequences), 1), max_stop), -1, np.int32)
+    stop_lens = np.zeros((stop_seqs.shape[0],), np.int32)
+    for i, s in enumerate(sp.stop_sequences):
+        stop_seqs[i, max_stop - len(s):] = s  # right-aligned against the generated tail
+        stop_lens[i] = len(s)
+    stop_seqs, stop_lens = jnp.asarray(stop_seqs), jnp.asarray(stop_lens)
+    tail_mask = jnp.arange(max_stop)[None, :] >= (max_stop - stop_lens)[:, None]  # [S, M]
+
+    def cond(state):
+        i, _, _, _, done, *_ = state
+        return (i < n) & ~jnp.all(done)
+
+    def body(state):
+        i, cache, logits, pos, done, out_tok, out_lp, lengths, stopped, tail, rng = state
+        rng, key = jax.random.split(rng)
+        if sp.temperature == 0.0:
+            scaled = logits
+            tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        else:
+            scaled = logits / sp.temperature
+            filtered = _filter_logits(scaled, sp.top_k, sp.top_p)
+            tok = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+        lp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tok[:, None], axis=-1)[:, 0]
+        live = ~done
+        out_tok = out_tok.at[:, i].set(jnp.where(live, tok, sp.pad_id))
+        out_lp = out_lp.at[:, i].set(jnp.where(live, lp, 0.0))
+        lengths = lengths + live.astype(jnp.int32)
+        tail = jnp.concatenate([tail[:, 1:], tok[:, None]], axis=1)
+        hit_id = jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+        seq_eq = (tail[:, None, :] == stop_seqs[None]) | ~tail_mask[None]
+        hit_seq = jnp.any(jnp.all(seq_eq, axis=-1) & (stop_lens[None] > 0), axis=-1)
+        hit = live & (hit_id | hit_seq)
+        stopped = stopped | hit
+        done = done | hit
+        h, cache = forward(params, cfg, tok[:, None], pos[:, None],
+                           jnp.ones((b, 1), jnp.int32), cache)
+        logits = h[:, 0].astype(jnp.float32) @ w
+        return (i + 1, cache, logits, pos + 1, done, out_tok, out_lp, lengths, stopped, tail, rng)
+
+    done0 = jnp.sum(seg, axis=1) == 0  # batch-padding rows never generate
+    state = (jnp.zeros((), jnp.int32), cache, logits, pos, done0,
+             jnp.full((b, n), sp.pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
+             jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool),
+             jnp.full((b, max_stop), -2, jnp.int32), rng)
+    state = jax.lax.while_loop(cond, body, state)
+    return state[5], state[6], state[7], state[8]
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, min_bucket: int = 32,
+                batch_bucket: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Returns left-padded (tokens, segment_ids) [batch_bucket, length_bucket] for `prompts`."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("pad_prompts: every prompt needs at least one token")
+    length = bucket_length(max(len(p) for p in prompts), min_bucket)
+    batch = 1 << (len(prompts) - 1).bit_length() if batch_bucket else len(prompts)
+    tokens = np.full((batch, length), pad_id, np.int32)
+    seg = np.zeros((batch, length), np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, length - len(p):] = p
+        seg[i, length - len(p):] = 1
+    return tokens, seg
+
+
+def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], sp: SamplingParams,
+             rng: jax.Array, min_bucket: int = 32) -> SampleOutput:
+    """Returns sampled continuations of `prompts` (lists of token ids, any lengths)."""
+    tokens, seg = pad_prompts(prompts, sp.pad_id, min_bucket)
+    if tokens.shape[1] + sp.max_new_tokens > cfg.max_seq_len:
+        raise ValueError(
+            f"prompt bucket {tokens.shape[1]} + max_new_tokens {sp.max_new_tokens} exceeds "
+            f"ModelConfig.max_seq_len={cfg.max_seq_len}")
+    out = _generate_core(params, jnp.asarray(tokens), jnp.asarray(seg), rng, cfg=cfg, sp=sp)
+    k = len(prompts)
+    tok, lp, lengths, stopped = (np.asarray(x)[:k] for x in out)
+    return SampleOutput(tok, lp, lengths, stopped)
