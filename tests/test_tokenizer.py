@@ -180,6 +180,20 @@ def test_qwen3_offline(tmp_path):
     assert tok.encode("<|im_start|>user\n") == [151644, 872, 198]
     for text in ["Grüße, 世界! 🎉 x=1234\n\ttabs", "<tool_call>\n{\"a\": 1}\n</tool_call><|im_end|>"]:
         assert tok.decode(tok.encode(text)) == text
+    # Rendering a chat piecewise gives the ids of tokenizing the whole rendered text.
+    from toolverse_jax.models.chat import render_chat
+
+    chat = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Where is order A1?"},
+            {"role": "assistant", "content": "Checking.",
+             "tool_calls": [{"name": "get_order", "arguments": {"order_id": "A1"}}]},
+            {"role": "tool", "content": '{"status": "shipped"}'},
+            {"role": "tool", "content": "ok"},
+            {"role": "assistant", "content": "<answer>shipped</answer>"}]
+    r = render_chat(chat, tok, tools=[{"name": "get_order", "description": "Get an order."}])
+    assert r.tokens == tok.encode(tok.decode(r.tokens))
+    assert tok.decode(r.tokens[r.turn_starts[1]:r.turn_ends[1]]) == \
+        "<answer>shipped</answer><|im_end|>"
     assert os.path.isdir(tmp_path) and len(os.listdir(tmp_path)) == 1
     # A second load reads the cache.
     assert qwen3_tokenizer.__wrapped__(str(tmp_path)).encode("Hello world") == [9707, 1879]
