@@ -1,0 +1,632 @@
+"""Dynamic Unlocking Sampling (DUSA, DESIGN §4) with grounding in a live environment.
+
+`dusa_stages` is the published stage loop over a sampled subgraph, verbatim:
+
+    D[v] <- in-degree of v;  Q <- {v : D[v] = 0};  stages <- []
+    while Q and len(stages) < H:
+        S <- sample(Q, min(|Q|, N))       # weighted: prefer just-unlocked tools, decay reuse
+        stages.append(S); Q <- Q - S
+        for u in S: for v in succ(u): D[v] -= 1; if D[v] = 0: Q.add(v)
+
+The sampled subgraph is a DAG of tool *instances* (a tool may appear more than once, each use
+decayed), grown so that each new instance is fed by existing ones, preferring the newest
+producer so chains get deep. `task_program` runs the same loop stage by stage in a live
+episode: arguments are filled from upstream outputs (following the edge labels) or from the
+seeded state, each stage is executed as one batch, failing steps are dropped (their
+successors re-check their inputs), and the answer/verifier come from the last stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections import Counter, defaultdict
+from typing import Any, Callable, Iterable, Sequence
+
+import networkx as nx
+
+from toolverse_jax.tasks import graph as tg
+from toolverse_jax.tasks import instructions as ins
+from toolverse_jax.tasks import schema as sch
+from toolverse_jax.tasks.executor import Close, Executor, Reset, State, Step, run_programs
+from toolverse_jax.tasks.task import GoldStep, Task, _episode_spec, check_state
+
+
+@dataclasses.dataclass
+class DusaConfig:
+    """Knobs of DUSA generation (defaults follow DESIGN §4)."""
+    horizon: int = 5                      # H: number of stages (assistant turns)
+    min_horizon: int | None = None        # keep tasks with at least this many stages (None: H)
+    max_per_stage: int = 2                # N: tools per stage
+    servers: tuple[str, ...] | None = None  # allowed servers (None: all the executor has)
+    num_servers: tuple[int, int] = (1, 2)   # min, max servers per task
+    unlock_bonus: float = 4.0             # weight of tools unlocked by the previous stage
+    reuse_decay: float = 0.35             # weight factor per earlier use of the same tool
+    newest_bias: float = 0.85             # prob. of taking an argument from the newest producer
+    chain_bonus: float = 3.0              # subgraph growth: weight per input fed by the subgraph
+    max_tool_reuse: int = 3               # instances of one tool in a subgraph
+    subgraph_slack: float = 1.5           # subgraph size = slack * H * (N + 1) / 2 (+ on demand)
+    answer_kinds: tuple[str, ...] = ("exact", "set", "state")
+    max_set_size: int = 8
+    episode_seed_mod: int = 2**31 - 1
+    rewriter: Callable[[str], str] | None = None   # optional LLM paraphraser (off by default)
+
+
+# ----------------------------------------------------------------------------- pure DUSA loop
+
+
+class Frontier:
+    """In-degree counters D and the unlocked set Q of DUSA over an instance DAG."""
+
+    def __init__(self, dag: nx.DiGraph):
+        self.dag = dag
+        self.done: set = set()
+        self.D = {v: dag.in_degree(v) for v in dag}
+        self.Q = [v for v in dag if self.D[v] == 0]
+        self.unlocked_at = {v: 0 for v in self.Q}
+
+    def add_nodes(self, nodes: Iterable, stage: int) -> None:
+        """Registers instances added to the DAG after construction (in-degree over not-done)."""
+        for v in nodes:
+            self.D[v] = sum(1 for u in self.dag.predecessors(v) if u not in self.done)
+            if self.D[v] == 0:
+                self.Q.append(v)
+                self.unlocked_at[v] = stage
+
+    def sample(self, n: int, rng: random.Random, weight: Callable[[Any], float]) -> list:
+        """Returns min(|Q|, n) instances of Q drawn without replacement by `weight`."""
+        pool = list(self.Q)
+        out = []
+        for _ in range(min(len(pool), n)):
+            ws = [max(weight(v), 1e-9) for v in pool]
+            v = rng.choices(pool, weights=ws)[0]
+            pool.remove(v)
+            out.append(v)
+        return out
+
+    def complete(self, S: Sequence, stage: int) -> None:
+        """Q <- Q - S; for u in S: for v in succ(u): D[v] -= 1; unlock v when D[v] = 0."""
+        for u in S:
+            self.Q.remove(u)
+            self.done.add(u)
+        for u in S:
+            for v in self.dag.successors(u):
+                self.D[v] -= 1
+                if self.D[v] == 0:
+                    self.Q.append(v)
+                    self.unlocked_at[v] = stage + 1
+
+
+def dusa_stages(dag: nx.DiGraph, horizon: int, max_per_stage: int, rng: random.Random,
+                unlock_bonus: float = 4.0, reuse_decay: float = 0.35) -> list[list]:
+    """Returns DUSA stages over a DAG (no execution): the pseudocode of DESIGN §4."""
+    fr = Frontier(dag)
+    stages: list[list] = []
+    uses: Counter = Counter()
+
+    def weight(v):
+        t = dag.nodes[v].get("tool", v)
+        w = unlock_bonus if fr.unlocked_at.get(v) == len(stages) and stages else 1.0
+        return w * reuse_decay ** uses[t]
+
+    while fr.Q and len(stages) < horizon:
+        S = fr.sample(max_per_stage, rng, weight)
+        stages.append(S)
+        for v in S:
+            uses[dag.nodes[v].get("tool", v)] += 1
+        fr.complete(S, len(stages) - 1)
+    return stages
+
+
+# -------------------------------------------------------------------------- subgraph sampling
+
+
+@dataclasses.dataclass
+class ToolIndex:
+    """Per-task lookup tables over a (server-restricted) tool graph."""
+    graph: nx.MultiDiGraph
+    tools: list[str]
+    required: dict[str, list[dict]]
+    producers: dict[str, dict[str, list[tuple[str, str]]]]  # tool -> param -> [(tool, field)]
+    order_preds: dict[str, list[str]]
+
+    @classmethod
+    def build(cls, g: nx.MultiDiGraph) -> "ToolIndex":
+        tools = sorted(g.nodes)
+        prods: dict[str, dict] = {t: defaultdict(list) for t in tools}
+        order: dict[str, list] = {t: [] for t in tools}
+        for u, v, d in g.edges(data=True):
+            if d["kind"] == "value":
+                prods[v][d["param"]].append((u, d["field"]))
+            else:
+                order[v].append(u)
+        for t in tools:
+            for lst in prods[t].values():
+                lst.sort()
+            order[t].sort()
+        req = {t: [p for p in g.nodes[t]["params"] if p["required"]] for t in tools}
+        return cls(g, tools, req, {t: dict(p) for t, p in prods.items()}, order)
+
+
+def grow_subgraph(ix: ToolIndex, dag: nx.DiGraph, n_new: int, rng: random.Random,
+                  cfg: DusaConfig, attach_to: set | None = None) -> list:
+    """Adds up to `n_new` tool instances to `dag`; returns the new instance ids.
+
+    Each candidate tool is weighted by how many of its inputs existing instances can feed
+    (`chain_bonus`), decayed by its earlier uses (`reuse_decay`); an instance is linked to the
+    newest feeding instance with prob. `newest_bias`. Must-follow predecessors (login) are
+    added first when missing. `attach_to` restricts producers to those instances (used when
+    growing on demand after some instances already ran).
+    """
+    uses = Counter(dag.nodes[v]["tool"] for v in dag)
+    order = {v: i for i, v in enumerate(dag)}
+    inst: dict[str, list] = defaultdict(list)
+    for v in dag:
+        if attach_to is None or v in attach_to:
+            inst[dag.nodes[v]["tool"]].append(v)
+    new: list = []
+
+    def add(t):
+        vid = (t, uses[t])
+        uses[t] += 1
+        dag.add_node(vid, tool=t)
+        order[vid] = len(order)
+        for u in ix.order_preds[t]:
+            ups = inst.get(u) or [add(u)]
+            dag.add_edge(ups[-1], vid, kind="order")
+        for p, prods in sorted(ix.producers[t].items()):
+            cands = sorted({v for u, _ in prods for v in inst.get(u, ())}, key=order.get)
+            if not cands:
+                continue
+            pick = cands[-1] if rng.random() < cfg.newest_bias else rng.choice(cands)
+            dag.add_edge(pick, vid, kind="value")
+        new.append(vid)
+        inst[t].append(vid)
+        return vid
+
+    for _ in range(n_new):
+        cands, ws = [], []
+        for t in ix.tools:
+            if uses[t] >= cfg.max_tool_reuse:
+                continue
+            prods = ix.producers[t]
+            fed = sum(1 for p in ix.required[t]
+                      if any(inst.get(u) for u, _ in prods.get(p["name"], ())))
+            cands.append(t)
+            ws.append((1.0 + cfg.chain_bonus * fed) * cfg.reuse_decay ** uses[t])
+        if not cands:
+            break
+        add(rng.choices(cands, weights=ws)[0])
+    return new
+
+
+# --------------------------------------------------------------------------------- grounding
+
+
+class StateIndex:
+    """Seeded values of an environment state, by semantic key (`email`, `id:order`, ...)."""
+
+    def __init__(self, state: dict, servers: Iterable[str]):
+        self.by_key: dict[str, list] = defaultdict(list)
+        seen = set()
+        for server in sorted(servers):
+            for path, rec in sch.iter_records(state.get(server)):
+                seg = [s for s in path.replace("[]", "").split(".") if s]
+                ctx = sch.singular(sch.split_words(seg[-1])[-1]) if seg and \
+                    sch.split_words(seg[-1]) else server
+                for k, v in rec.items():
+                    if v is None or isinstance(v, (dict, list)) or isinstance(v, str) and \
+                            (not v or len(v) > 60):
+                        continue
+                    key = sch.semantic_key(k, ctx)
+                    if (key, sch.canonical(v)) in seen:
+                        continue
+                    seen.add((key, sch.canonical(v)))
+                    self.by_key[key].append(v)
+
+    def values(self, key: str) -> list:
+        return self.by_key.get(key, [])
+
+
+_WORDS = ["quarterly", "update", "project", "budget", "meeting", "travel", "invoice", "review",
+          "launch", "summary", "follow-up", "planning", "team", "client", "report", "design"]
+
+
+def literal_value(p: dict, rng: random.Random) -> Any:
+    """Returns an invented value for a parameter the user can state (enum, number, free text),
+    or None when the value must exist in the environment (ids, emails, ...)."""
+    s, t, key = p["schema"], p["type"], p["key"]
+    enum = next((a["enum"] for a in sch._alts(s) if "enum" in a), None)
+    if enum:
+        return rng.choice(enum)
+    if t == "boolean":
+        return rng.random() < 0.5
+    if t in ("integer", "number"):
+        lo = s.get("minimum", s.get("exclusiveMinimum", 0) + (1 if t == "integer" else 0.01))
+        hi = s.get("maximum", max(lo + (3 if key == "quantity" or t == "integer" else 90), lo))
+        if t == "integer":
+            return rng.randint(int(max(lo, 1)), int(max(min(hi, 5), max(lo, 1))))
+        return round(rng.uniform(max(lo, 1.0), max(min(hi, 100.0), max(lo, 1.0))), 2)
+    if t == "string":
+        words = set(sch.split_words(p["name"]))
+        if key == "date":
+            return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+        if key == "datetime":
+            return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(8, 17):02d}:00:00"
+        if words & sch.FREE_TEXT and not key.startswith("id:") and key != "email":
+            a, b = rng.sample(_WORDS, 2)
+            text = f"{a.capitalize()} {b} {rng.randint(1, 99)}"
+            return text if words & {"subject", "title", "name", "label", "tag"} else \
+                f"Please see the {a} {b} notes, item {rng.randint(1, 99)}."
+    return None
+
+
+def _wrap(p: dict, v: Any) -> Any:
+    return [v] if p.get("array") else v
+
+
+@dataclasses.dataclass
+class _Done:
+    stage: int
+    index: int
+    node: str
+    step: GoldStep
+
+
+def _ground(ix: ToolIndex, t: str, done: list[_Done], index: StateIndex,
+            rng: random.Random, cfg: DusaConfig) -> tuple[dict, dict] | None:
+    """Returns (arguments, sources) for tool t, or None when a required input cannot be filled."""
+    prods = ix.producers[t]
+    args, sources = {}, {}
+    for p in ix.required[t]:
+        filled = False
+        cands = [d for d in reversed(done) for u, f in prods.get(p["name"], []) if d.node == u
+                 for _ in [0]]
+        # newest producer first with prob newest_bias, else shuffled
+        if cands and rng.random() >= cfg.newest_bias:
+            cands = cands[:]
+            rng.shuffle(cands)
+        for d in cands:
+            for u, f in prods[p["name"]]:
+                if u != d.node:
+                    continue
+                vals = [v for v in tg.field_values(d.step.observation, f)
+                        if sch.validates(v, p["schema"])]
+                if vals:
+                    args[p["name"]] = _wrap(p, rng.choice(vals[:20]))
+                    sources[p["name"]] = {"from": "step", "stage": d.stage, "index": d.index,
+                                          "field": f}
+                    filled = True
+                    break
+            if filled:
+                break
+        if filled:
+            continue
+        vals = [v for v in index.values(p["key"])[:200] if sch.validates(v, p["schema"])]
+        if vals:
+            args[p["name"]] = _wrap(p, rng.choice(vals))
+            sources[p["name"]] = {"from": "state"}
+            continue
+        lit = literal_value(p, rng)
+        if lit is not None and sch.validates(lit, p["schema"]):
+            args[p["name"]] = _wrap(p, lit)
+            sources[p["name"]] = {"from": "literal"}
+            continue
+        return None
+    return args, sources
+
+
+# ------------------------------------------------------------------------- answer / verifier
+
+
+_GOOD_FIELDS = {"amount", "total", "balance", "price", "status", "name", "title", "count",
+                "email", "city", "date", "subject", "phone", "quantity", "datetime", "cost"}
+
+
+def _unwrap(v: Any) -> Any:
+    if isinstance(v, dict) and set(v) == {"result"}:
+        return v["result"], "result"
+    return v, ""
+
+
+def _join(prefix: str, path: str) -> str:
+    if path.startswith("[]"):
+        return prefix + path
+    return f"{prefix}.{path}" if prefix and path else (prefix or path)
+
+
+def answer_candidates(step: GoldStep, rng: random.Random, cfg: DusaConfig) -> list[dict]:
+    """Returns exact/set verifier candidates (with a `source.field`) from a step's result."""
+    given = {sch.canonical(v) for v in step.arguments.values()}
+    given |= {str(v).casefold() for v in step.arguments.values()}
+    value, prefix = _unwrap(step.observation)
+    out = []
+
+    def ok_scalar(x):
+        return x is not None and not isinstance(x, (dict, list)) and \
+            sch.canonical(x) not in given and str(x).casefold() not in given and \
+            (not isinstance(x, str) or 0 < len(x) <= 60)
+
+    if not isinstance(value, (dict, list)):
+        if ok_scalar(value) and "exact" in cfg.answer_kinds:
+            out.append({"kind": "exact", "value": value, "field": prefix or "", "w": 2.0})
+        return out
+    if isinstance(value, list):
+        items = [x for x in value if isinstance(x, dict)]
+        if len(items) == 1:
+            value, prefix = items[0], _join(prefix, "[]")
+        elif 2 <= len(items) <= cfg.max_set_size and "set" in cfg.answer_kinds:
+            for k in sorted(items[0]):
+                vals = [it.get(k) for it in items]
+                if all(ok_scalar(x) and isinstance(x, str) for x in vals) and \
+                        len(set(map(str, vals))) == len(vals):
+                    w = 2.0 if sch.semantic_key(k).split(":")[0] in ("name", "title", "subject") \
+                        else (0.3 if "id" in sch.split_words(k) else 1.0)
+                    out.append({"kind": "set", "values": vals,
+                                "field": _join(prefix, f"[].{k}"),
+                                "w": w})
+            return out
+        else:
+            return out
+    if "exact" in cfg.answer_kinds and isinstance(value, dict):
+        for k in sorted(value):
+            x = value[k]
+            if not ok_scalar(x):
+                continue
+            key = sch.semantic_key(k).split(":")[0]
+            w = 3.0 if key in _GOOD_FIELDS or k in _GOOD_FIELDS else 1.0
+            if "id" in sch.split_words(k) or isinstance(x, bool):
+                w = 0.2
+            out.append({"kind": "exact", "value": x, "field": _join(prefix, k), "w": w})
+    return out
+
+
+def _scalars(r: dict) -> dict:
+    return {k: v for k, v in r.items() if v is not None and not isinstance(v, (dict, list))}
+
+
+def state_checks(before: dict, after: dict, step: GoldStep) -> list[dict]:
+    """Returns state checks ({server, match, exists}) for the records a step changed."""
+    server = step.server
+    b = [_scalars(r) for _, r in sch.iter_records(before.get(server))]
+    a = [_scalars(r) for _, r in sch.iter_records(after.get(server))]
+    b_set = {sch.canonical(r) for r in b if r}
+    a_set = {sch.canonical(r) for r in a if r}
+    arg_vals = [x for v in step.arguments.values() for x in (v if isinstance(v, list) else [v])
+                if not isinstance(x, (dict, list))]
+
+    def overlap(r):
+        return [k for k, v in r.items() if any(_eq(v, x) for x in arg_vals)]
+
+    best, best_n, exists = None, 0, True
+    for r in a:
+        if r and sch.canonical(r) not in b_set:
+            n = len(overlap(r))
+            if n > best_n:
+                best, best_n = r, n
+    if best is None:
+        for r in b:
+            if r and sch.canonical(r) not in a_set:
+                n = len(overlap(r))
+                if n > best_n:
+                    best, best_n, exists = r, n, False
+    if best is None:
+        return []
+    keys = set(overlap(best))
+    id_keys = [k for k in best if k == "id" or k.endswith("_id")]
+    prior = next((r for r in b if id_keys and r.get(id_keys[0]) == best.get(id_keys[0])), None)
+    if prior is not None or not exists:
+        # an existing record changed (or was removed): name it by id, check what changed.
+        # A new record's generated id is left out: the agent may create others first.
+        keys |= set(id_keys[:1])
+        if exists:
+            keys |= {k for k in best if prior.get(k) != best[k]}
+    match = {k: best[k] for k in sorted(keys)
+             if not (isinstance(best[k], str) and len(best[k]) > 200)}
+    check = {"server": server, "match": match, "exists": exists}
+    if exists and (not match or check_state(check, before)):
+        # not discriminative yet (holds before the step): name the whole record
+        match = {k: v for k, v in best.items() if not (isinstance(v, str) and len(v) > 200)
+                 and not (k in id_keys and prior is None)}
+        check = {"server": server, "match": match, "exists": exists}
+    if not match or check_state(check, before) == exists:
+        return []
+    return [check]
+
+
+def _eq(a, b) -> bool:
+    return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and
+                                             isinstance(b, (int, float)) and
+                                             not isinstance(a, bool) and abs(a - b) < 1e-9)
+
+
+def choose_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
+                    rng: random.Random, cfg: DusaConfig) -> tuple[Any, dict] | None:
+    """Returns (answer, verifier) from the last stage, or None if nothing there is verifiable."""
+    last = len(stages) - 1
+    state, answers = [], []
+    for j, s in enumerate(stages[last]):
+        kind = sch.tool_kind(s.tool)
+        if kind not in sch.READ_ONLY_KINDS and "state" in cfg.answer_kinds:
+            state.extend(state_checks(before, after, s))
+        if kind in sch.READ_ONLY_KINDS or kind == "action":
+            for c in answer_candidates(s, rng, cfg):
+                c["source"] = {"stage": last, "index": j, "field": c.pop("field")}
+                answers.append(c)
+    if state and (not answers or rng.random() < 0.6):
+        desc = state[0]["match"]
+        return desc, {"kind": "state", "checks": state}
+    if answers:
+        c = rng.choices(answers, weights=[a.pop("w") for a in answers])[0]
+        for a in answers:
+            a.pop("w", None)
+        if c["kind"] == "exact":
+            return c["value"], c
+        return c["values"], c
+    if state:
+        return state[0]["match"], {"kind": "state", "checks": state}
+    return None
+
+
+# ------------------------------------------------------------------------------- the program
+
+
+def choose_servers(g: nx.MultiDiGraph, allowed: Sequence[str], rng: random.Random,
+                   cfg: DusaConfig) -> tuple[str, ...]:
+    """Returns a sorted server set: one at random, then servers linked to it by cross edges."""
+    lo, hi = cfg.num_servers
+    k = rng.randint(max(1, lo), max(lo, min(hi, len(allowed))))
+    chosen = [rng.choice(list(allowed))]
+    while len(chosen) < k:
+        links = Counter()
+        for u, v, d in g.edges(data=True):
+            su, sv = g.nodes[u]["server"], g.nodes[v]["server"]
+            if d["kind"] == "value" and su != sv and sv in allowed and su in allowed:
+                if su in chosen and sv not in chosen:
+                    links[sv] += 1
+                elif sv in chosen and su not in chosen:
+                    links[su] += 1
+        rest = [s for s in allowed if s not in chosen]
+        if not rest:
+            break
+        if links:
+            names = sorted(links)
+            chosen.append(rng.choices(names, weights=[links[n] for n in names])[0])
+        else:
+            chosen.append(rng.choice(rest))
+    return tuple(sorted(chosen))
+
+
+def task_seed(base_seed: int, index: int) -> int:
+    """Returns the seed of task `index` (stable across processes and Python versions)."""
+    h = hashlib.sha256(f"gust:{base_seed}:{index}".encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequence[str]):
+    """Program (see executor.run_programs) that returns (Task | None, reason, info)."""
+    rng = random.Random(seed)
+    servers = choose_servers(g, allowed, rng, cfg)
+    sub = tg.subgraph_for_servers(g, servers)
+    spec = _episode_spec(servers, seed % cfg.episode_seed_mod)
+    H, N = cfg.horizon, cfg.max_per_stage
+    min_h = cfg.min_horizon if cfg.min_horizon is not None else H
+    ix = ToolIndex.build(sub)
+    dag = nx.DiGraph()
+    grow_subgraph(ix, dag, max(1, int(cfg.subgraph_slack * H * (N + 1) / 2)), rng, cfg)
+    fr = Frontier(dag)
+
+    handle = yield Reset(spec)
+    before = yield State(handle)
+    index = StateIndex(before, servers)
+    stages: list[list[GoldStep]] = []
+    done: list[_Done] = []
+    uses: Counter = Counter()
+    seen_calls: set = set()
+    info = Counter()
+    rounds = 0
+    before_last = before
+    while len(stages) < H and rounds < 3 * H + 4:
+        rounds += 1
+        if not fr.Q:
+            new = grow_subgraph(ix, dag, N, rng, cfg, attach_to=set(fr.done))
+            if not new:
+                break
+            fr.add_nodes(new, len(stages))
+            if not fr.Q:
+                break
+
+        def weight(v):
+            w = cfg.unlock_bonus if stages and fr.unlocked_at.get(v) == len(stages) else 1.0
+            return w * cfg.reuse_decay ** uses[dag.nodes[v]["tool"]]
+
+        if len(stages) >= min_h - 1:
+            # state before what may be the last stage: its diff names the last stage's effects
+            before_last = yield State(handle)
+        S = fr.sample(N, rng, weight)
+        calls, metas = [], []
+        for v in S:
+            t = dag.nodes[v]["tool"]
+            grounded = _ground(ix, t, done, index, rng, cfg)
+            if grounded is None:
+                info["ungroundable"] += 1
+                continue
+            args, sources = grounded
+            key = sch.canonical([t, args])
+            if key in seen_calls:
+                info["duplicate_call"] += 1
+                continue
+            seen_calls.add(key)
+            nd = sub.nodes[t]
+            calls.append((handle, nd["server"], nd["tool"], args))
+            metas.append((v, t, args, sources))
+        results = (yield Step(calls)) if calls else []
+        fr.complete(S, len(stages))
+        stage: list[GoldStep] = []
+        for (v, t, args, sources), res in zip(metas, results):
+            uses[t] += 1
+            if res.status != "ok":
+                info["failed_call"] += 1
+                continue
+            nd = sub.nodes[t]
+            # The agent-facing name is only known to the executor; resolved below at replay.
+            step = GoldStep(nd["server"], nd["tool"], nd["tool"], args, res.value, sources)
+            stage.append(step)
+        if stage:
+            for j, s in enumerate(stage):
+                done.append(_Done(len(stages), j, tg.node_id(s.server, s.tool), s))
+            stages.append(stage)
+    if len(stages) < min_h:
+        yield Close(handle)
+        return None, "short", dict(info)
+    after = yield State(handle)
+    chosen = choose_verifier(stages, before_last, after, rng, cfg)
+    yield Close(handle)
+    if chosen is None:
+        return None, "no_answer", dict(info)
+    answer, verifier = chosen
+    names = {}
+    text = ins.render_instruction(stages, verifier, servers)
+    text = ins.apply_rewriter(text, cfg.rewriter)
+    task = Task(id="", instruction=text, spec=spec, stages=stages, answer=answer,
+                verifier=verifier, meta={"seed": seed, **names})
+    task.id = "gust-" + task.chain_hash()[:16]
+    return task, "ok", dict(info)
+
+
+def set_agent_names(task: Task, executor: Executor, handle: Any) -> None:
+    """Fills each GoldStep.name with the agent-facing tool name of the episode."""
+    for st in task.stages:
+        for s in st:
+            s.name = executor.agent_name(handle, s.server, s.tool)
+
+
+def dusa_generate(executor: Executor, seeds: Sequence[int], cfg: DusaConfig,
+                  graph: nx.MultiDiGraph | None = None, verify: bool = True,
+                  max_concurrent: int = 32) -> list[tuple[Task | None, str, dict]]:
+    """Returns (task | None, reason, info) per seed: DUSA + grounding (+ replay check).
+
+    reason is "ok", "short" (fewer than min_horizon stages), "no_answer", "replay_failed" or
+    "error".
+    """
+    from toolverse_jax.tasks.replay import replay_program  # noqa: PLC0415
+
+    allowed = list(cfg.servers) if cfg.servers else executor.server_names()
+    if graph is None:
+        graph = tg.build_tool_graph(executor.tool_specs(allowed))
+
+    def program(seed):
+        out = yield from task_program(graph, seed, cfg, allowed)
+        task, reason, info = out
+        if task is None or not verify:
+            return out
+        ok, why = yield from replay_program(task, executor)
+        if not ok:
+            info = {**info, "replay": why}
+            return None, "replay_failed", info
+        return task, "ok", info
+
+    raw = run_programs(executor, (program(s) for s in seeds), max_concurrent=max_concurrent)
+    return [r if not (isinstance(r, tuple) and len(r) == 2 and r[0] == "error")
+            else (None, "error", {"error": r[1]}) for r in raw]

@@ -1,0 +1,415 @@
+"""GUST datasets: generation at scale (worker processes), JSONL shards, a grain data source,
+and train/validation/test splits by server or tool set."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import hashlib
+import importlib
+import json
+import multiprocessing as mp
+import os
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import grain
+
+from toolverse_jax.tasks.dusa import DusaConfig, dusa_generate, task_seed
+from toolverse_jax.tasks.task import Task
+
+SHARD_PATTERN = "gust-{:05d}.jsonl"
+QUICKSTART_FILE = os.path.join(os.path.dirname(__file__), "data", "gust_quickstart.jsonl")
+
+
+# ------------------------------------------------------------------------------ configuration
+
+
+def default_config() -> dict:
+    """Returns the default generation settings (what `configs/gust.py` exposes)."""
+    return {
+        "num_tasks": 200,
+        "seed": 0,
+        "horizons": (2, 3, 5, 10),
+        "min_horizon": None,        # None: exactly the drawn horizon
+        "max_per_stage": 2,
+        "num_servers": (1, 2),
+        "servers": None,            # None: every available server of the catalog
+        "kinds": ("builtin",),
+        "num_processes": 1,         # 0: in this process
+        "chunk_size": 16,
+        "max_concurrent": 16,
+        "num_env_workers": 0,       # EnvPool workers inside each generator process
+        "shard_size": 1000,
+        "attempts_factor": 4.0,     # give up after num_tasks * factor task seeds
+        "verify": True,
+        "executor_factory": None,   # "module:function" returning an Executor (tests, fakes)
+    }
+
+
+def _settings(cfg: Any) -> dict:
+    d = default_config()
+    src = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    unknown = set(src) - set(d) - {"out"}
+    if unknown:
+        raise KeyError(f"unknown GUST settings {sorted(unknown)}; known: {sorted(d)}")
+    d.update({k: v for k, v in src.items() if k in d})
+    for k in ("horizons", "num_servers", "servers", "kinds"):
+        if d[k] is not None:
+            d[k] = tuple(d[k])
+    return d
+
+
+def _make_executor(s: dict):
+    if s["executor_factory"]:
+        mod, fn = s["executor_factory"].split(":")
+        return getattr(importlib.import_module(mod), fn)()
+    from toolverse_jax.tasks.executor import PoolExecutor  # noqa: PLC0415
+
+    return PoolExecutor(kinds=s["kinds"], num_workers=s["num_env_workers"])
+
+
+def _dusa_cfg(s: dict, horizon: int) -> DusaConfig:
+    return DusaConfig(horizon=horizon, min_horizon=s["min_horizon"],
+                      max_per_stage=s["max_per_stage"], servers=s["servers"],
+                      num_servers=tuple(s["num_servers"]))
+
+
+# ------------------------------------------------------------------------ worker processes
+
+_WORKER: dict = {}
+
+
+def _init_worker(s: dict) -> None:
+    from toolverse_jax.tasks.graph import build_tool_graph  # noqa: PLC0415
+
+    ex = _make_executor(s)
+    if hasattr(ex, "__enter__"):
+        ex.__enter__()
+    allowed = list(s["servers"]) if s["servers"] else ex.server_names()
+    _WORKER.update(settings=s, executor=ex, allowed=allowed,
+                   graph=build_tool_graph(ex.tool_specs(allowed)))
+
+
+def _horizon_of(s: dict, index: int) -> int:
+    hs = s["horizons"]
+    return hs[index % len(hs)]
+
+
+def _run_chunk(indices: Sequence[int]) -> list[tuple[int, dict | None, str, dict]]:
+    """Generates the tasks of `indices` in this worker; returns (index, task JSON, reason, info)."""
+    s, ex, g = _WORKER["settings"], _WORKER["executor"], _WORKER["graph"]
+    by_h: dict[int, list[int]] = collections.defaultdict(list)
+    for i in indices:
+        by_h[_horizon_of(s, i)].append(i)
+    out = []
+    for h, idx in sorted(by_h.items()):
+        cfg = _dusa_cfg(s, h)
+        cfg.servers = tuple(_WORKER["allowed"])
+        res = dusa_generate(ex, [task_seed(s["seed"], i) for i in idx], cfg, graph=g,
+                            verify=s["verify"], max_concurrent=s["max_concurrent"])
+        for i, (task, reason, info) in zip(idx, res):
+            out.append((i, task.to_json() if task is not None else None, reason,
+                        {k: v for k, v in info.items() if isinstance(v, int)}))
+    return sorted(out, key=lambda r: r[0])
+
+
+def _shutdown_worker() -> None:
+    ex = _WORKER.get("executor")
+    if ex is not None and hasattr(ex, "__exit__"):
+        ex.__exit__(None, None, None)
+    _WORKER.clear()
+
+
+def _chunks(s: dict) -> Iterable[list[int]]:
+    n = int(s["num_tasks"] * s["attempts_factor"]) + s["chunk_size"]
+    for a in range(0, n, s["chunk_size"]):
+        yield list(range(a, min(a + s["chunk_size"], n)))
+
+
+def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
+                  ) -> tuple[list[Task], dict]:
+    """Returns (tasks, manifest): DUSA tasks generated in worker processes, deduplicated.
+
+    Task `i` uses seed `task_seed(cfg.seed, i)` and horizon `horizons[i % len(horizons)]`;
+    results are consumed in index order and the first `num_tasks` distinct verified tasks
+    are kept, so the set does not depend on `num_processes`. With `out_dir`, writes shards
+    and `manifest.json` there.
+    """
+    s = _settings(cfg)
+    t0 = time.time()
+    kept: list[Task] = []
+    hashes: set[str] = set()
+    dropped: collections.Counter = collections.Counter()
+    info_tot: collections.Counter = collections.Counter()
+    attempts = 0
+    bar = None
+    if progress:
+        from tqdm import tqdm  # noqa: PLC0415
+
+        bar = tqdm(total=s["num_tasks"], desc="GUST tasks", unit="task")
+
+    def consume(rows) -> bool:
+        nonlocal attempts
+        for i, tj, reason, info in rows:
+            if len(kept) >= s["num_tasks"]:
+                return True
+            attempts += 1
+            info_tot.update(info)
+            if tj is None:
+                dropped[reason] += 1
+                continue
+            task = Task.from_json(tj)
+            h = task.chain_hash()
+            if h in hashes:
+                dropped["duplicate"] += 1
+                continue
+            hashes.add(h)
+            kept.append(task)
+            if bar is not None:
+                bar.update(1)
+        return len(kept) >= s["num_tasks"]
+
+    nproc = int(s["num_processes"])
+    if nproc <= 0:
+        _init_worker(s)
+        try:
+            for ch in _chunks(s):
+                if consume(_run_chunk(ch)):
+                    break
+        finally:
+            _shutdown_worker()
+    else:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(nproc, initializer=_init_worker, initargs=(s,)) as pool:
+            chunks = _chunks(s)
+            inflight: collections.deque = collections.deque()
+            for ch in chunks:
+                inflight.append(pool.apply_async(_run_chunk, (ch,)))
+                if len(inflight) >= 2 * nproc:
+                    break
+            while inflight:
+                rows = inflight.popleft().get()
+                if consume(rows):
+                    break
+                nxt = next(chunks, None)
+                if nxt is not None:
+                    inflight.append(pool.apply_async(_run_chunk, (nxt,)))
+            pool.terminate()
+    if bar is not None:
+        bar.close()
+    elapsed = time.time() - t0
+    manifest = make_manifest(kept, dropped, attempts, elapsed, s)
+    manifest["generation_info"] = dict(info_tot)
+    if out_dir is not None:
+        manifest["shards"] = write_shards(kept, out_dir, s["shard_size"])
+        with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+    return kept, manifest
+
+
+def make_manifest(tasks: Sequence[Task], dropped: dict, attempts: int, elapsed: float,
+                  settings: dict) -> dict:
+    """Returns manifest counts: tasks, attempts, drops by reason, histograms."""
+    hist = collections.Counter(t.stats["horizon"] for t in tasks)
+    depth = collections.Counter(t.stats["depth"] for t in tasks)
+    servers = collections.Counter(s for t in tasks for s in t.servers)
+    kinds = collections.Counter(t.verifier["kind"] for t in tasks)
+    return {
+        "num_tasks": len(tasks),
+        "attempts": attempts,
+        "dropped": dict(sorted(dropped.items())),
+        "num_dropped": int(sum(dropped.values())),
+        "horizon_histogram": {str(k): hist[k] for k in sorted(hist)},
+        "depth_histogram": {str(k): depth[k] for k in sorted(depth)},
+        "servers": dict(sorted(servers.items())),
+        "verifier_kinds": dict(sorted(kinds.items())),
+        "cross_server_tasks": sum(1 for t in tasks if t.stats["num_servers"] > 1),
+        "elapsed_s": round(elapsed, 3),
+        "tasks_per_s": round(len(tasks) / elapsed, 3) if elapsed > 0 else None,
+        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()},
+    }
+
+
+# ----------------------------------------------------------------------------- shards & grain
+
+
+def write_shards(tasks: Sequence[Task], out_dir: str, shard_size: int = 1000) -> list[str]:
+    """Writes tasks as JSONL shards `gust-00000.jsonl`...; returns the shard file names."""
+    os.makedirs(out_dir, exist_ok=True)
+    names = []
+    for k in range(0, max(len(tasks), 1), shard_size):
+        name = SHARD_PATTERN.format(k // shard_size)
+        with open(os.path.join(out_dir, name), "w") as f:
+            for t in tasks[k:k + shard_size]:
+                f.write(json.dumps(t.to_json(), sort_keys=True) + "\n")
+        names.append(name)
+    return names
+
+
+def shard_paths(path: str) -> list[str]:
+    """Returns the JSONL files of a GUST directory (or the file itself)."""
+    if os.path.isdir(path):
+        return sorted(glob.glob(os.path.join(path, "*.jsonl")))
+    return [path]
+
+
+def read_tasks(path: str) -> list[Task]:
+    """Returns every task of a GUST directory or JSONL file."""
+    out = []
+    for p in shard_paths(path):
+        with open(p) as f:
+            out.extend(Task.from_json(json.loads(line)) for line in f if line.strip())
+    return out
+
+
+class GustSource(grain.sources.RandomAccessDataSource):
+    """grain random-access source over GUST JSONL shards; items are task JSON dicts."""
+
+    def __init__(self, path: str | Sequence[str]):
+        paths = shard_paths(path) if isinstance(path, str) else list(path)
+        self._paths = paths
+        self._index: list[tuple[int, int, int]] = []   # (file, offset, length)
+        for fi, p in enumerate(paths):
+            off = 0
+            with open(p, "rb") as f:
+                for line in f:
+                    if line.strip():
+                        self._index.append((fi, off, len(line)))
+                    off += len(line)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: int) -> dict:
+        fi, off, n = self._index[i]
+        with open(self._paths[fi], "rb") as f:
+            f.seek(off)
+            return json.loads(f.read(n))
+
+    def __repr__(self) -> str:
+        return f"GustSource({len(self._paths)} shards, {len(self)} tasks)"
+
+
+def make_dataset(path: str | Sequence[str], seed: int | None = 0,
+                 horizons: tuple[int, int] | None = None, batch_size: int | None = None,
+                 as_tasks: bool = False, drop_remainder: bool = False):
+    """Returns a grain dataset over GUST shards: shuffled (seed; None = file order), filtered by
+    horizon range [lo, hi], optionally parsed to `Task`, optionally batched (lists)."""
+    ds = grain.MapDataset.source(GustSource(path))
+    if seed is not None:
+        ds = ds.shuffle(seed=seed)
+    if horizons is not None:
+        lo, hi = horizons
+        ds = ds.filter(lambda d: lo <= len(d["stages"]) <= hi)
+    if as_tasks:
+        ds = ds.map(Task.from_json)
+    if batch_size is None:
+        return ds
+    return ds.to_iter_dataset().batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
+
+
+# ------------------------------------------------------------------------------------ splits
+
+
+def _bucket(key: str, seed: int) -> float:
+    h = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(h[:8], "little") / 2**64
+
+
+def split_tasks(tasks: Sequence[Task], by: str = "server",
+                fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0,
+                held_out: dict[str, Sequence[str]] | None = None) -> dict[str, list[Task]]:
+    """Returns {"train", "validation", "test"} splits that test generalization.
+
+    by="server": each server is assigned to one split (by `fractions`, or `held_out`
+      {"validation": [...], "test": [...]}); a task goes to the most held-out split among its
+      servers, so train never contains a tool of a validation/test server.
+    by="toolset": tasks are grouped by their exact set of tools; whole groups go to one split,
+      so a test task's tool combination never appears in train.
+    """
+    rank = {"train": 0, "validation": 1, "test": 2}
+    names = ("train", "validation", "test")
+    out: dict[str, list[Task]] = {n: [] for n in names}
+    if by == "server":
+        servers = sorted({s for t in tasks for s in t.servers})
+        assign: dict[str, str] = {}
+        if held_out:
+            for split, ss in held_out.items():
+                for s in ss:
+                    assign[s] = split
+        else:
+            order = sorted(servers, key=lambda s: _bucket(s, seed))
+            n = len(order)
+            n_test = max(1, round(fractions[2] * n)) if fractions[2] > 0 and n > 2 else 0
+            n_val = max(1, round(fractions[1] * n)) if fractions[1] > 0 and n > 2 else 0
+            for i, s in enumerate(order):
+                assign[s] = "test" if i < n_test else ("validation" if i < n_test + n_val
+                                                       else "train")
+        for t in tasks:
+            split = max((assign.get(s, "train") for s in t.servers), key=rank.get)
+            out[split].append(t)
+        return out
+    if by == "toolset":
+        for t in tasks:
+            b = _bucket("|".join(t.tools), seed)
+            split = "train" if b < fractions[0] else (
+                "validation" if b < fractions[0] + fractions[1] else "test")
+            out[split].append(t)
+        return out
+    raise ValueError(f"split_tasks(by={by!r}): expected 'server' or 'toolset'")
+
+
+# -------------------------------------------------------------------------------- quickstart
+
+
+QUICKSTART_SETTINGS = {"num_tasks": 64, "horizons": (1, 2, 3), "seed": 0, "max_per_stage": 1,
+                       "num_servers": (1, 2), "servers": None}
+
+
+def load_or_generate_quickstart_tasks(out_dir: str | None = None, num_tasks: int = 64,
+                                      horizons: Sequence[int] = (1, 2, 3), seed: int = 0,
+                                      servers: Sequence[str] | None = None,
+                                      executor_factory: str | None = None,
+                                      ) -> list[Task]:
+    """Returns short GUST tasks over the built-in catalog for the RL quickstart.
+
+    Uses, in order: `out_dir/gust_quickstart.jsonl` if it was made with the same settings; the
+    file shipped in the package if the settings are the defaults; else generates in-process
+    (seconds) and writes it to `out_dir`.
+    """
+    want = {"num_tasks": num_tasks, "horizons": list(horizons), "seed": seed,
+            "servers": list(servers) if servers else None}
+    if out_dir is not None:
+        path = os.path.join(out_dir, "gust_quickstart.jsonl")
+        meta = os.path.join(out_dir, "gust_quickstart.meta.json")
+        if os.path.exists(path) and os.path.exists(meta):
+            with open(meta) as f:
+                if json.load(f) == want:
+                    return read_tasks(path)
+    ship_meta = QUICKSTART_FILE.replace(".jsonl", ".meta.json")
+    if os.path.exists(QUICKSTART_FILE) and os.path.exists(ship_meta) and executor_factory is None:
+        with open(ship_meta) as f:
+            shipped = json.load(f)
+        if shipped == want:
+            tasks = read_tasks(QUICKSTART_FILE)
+            if out_dir is not None:
+                _write_quickstart(tasks, want, out_dir)
+            return tasks
+    cfg = {**QUICKSTART_SETTINGS, "num_tasks": num_tasks, "horizons": tuple(horizons),
+           "seed": seed, "servers": tuple(servers) if servers else None,
+           "num_processes": 0, "executor_factory": executor_factory, "attempts_factor": 6.0}
+    tasks, _ = generate_gust(cfg, out_dir=None, progress=False)
+    if out_dir is not None:
+        _write_quickstart(tasks, want, out_dir)
+    return tasks
+
+
+def _write_quickstart(tasks: Sequence[Task], meta: dict, out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "gust_quickstart.jsonl"), "w") as f:
+        for t in tasks:
+            f.write(json.dumps(t.to_json(), sort_keys=True) + "\n")
+    with open(os.path.join(out_dir, "gust_quickstart.meta.json"), "w") as f:
+        json.dump(meta, f, sort_keys=True)
