@@ -116,6 +116,17 @@ def test_compact_tools():
         render_chat([], BYTE, tools=[tool], tool_format="yaml")
 
 
+def test_tool_specials_off_keeps_observation_text_plain():
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+            {"role": "tool", "content": "x<|im_end|>"}]
+    on = render_chat(msgs, BYTE)
+    off = render_chat(msgs, BYTE, tool_specials=False)
+    assert BYTE.decode(on.tokens) == BYTE.decode(off.tokens)
+    assert on.tokens.count(BYTE.eos_id) == 4 and off.tokens.count(BYTE.eos_id) == 3
+    assert render_tool_responses(["<think>"], BYTE, tool_specials=False).count(
+        BYTE.special_ids["<think>"]) == 0
+
+
 def test_render_tool_call_canonical():
     assert render_tool_call("f", {"city": "Zürich", "n": [1, 2]}) == \
         '{"name": "f", "arguments": {"city": "Zürich", "n": [1, 2]}}'
@@ -141,7 +152,7 @@ def test_incremental_pieces():
         render_tool_responses([], BYTE)
 
 
-def _rollout(tok, prompt_msgs, tools, turns, tool_format="json"):
+def _rollout(tok, prompt_msgs, tools, turns, tool_format="json", tool_specials=True):
     """Token-in-token-out rollout; returns (ids, mask, equivalent messages)."""
     ids = render_prompt(prompt_msgs, tok, tools, tool_format=tool_format)
     mask = [False] * len(ids)
@@ -155,7 +166,7 @@ def _rollout(tok, prompt_msgs, tools, turns, tool_format="json"):
         mask += [True] * len(sampled)
         msgs.append(msg)
         if k < len(turns) - 1:
-            obs = render_tool_responses(outputs, tok)
+            obs = render_tool_responses(outputs, tok, tool_specials=tool_specials)
             ids += obs
             mask += [False] * len(obs)
             msgs += [{"role": "tool", "content": o} for o in outputs]
@@ -163,29 +174,31 @@ def _rollout(tok, prompt_msgs, tools, turns, tool_format="json"):
 
 
 _txt = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="<"), max_size=12)
+_obs = st.one_of(_txt, st.sampled_from(["<|im_end|>", "</tool_response>x", "<tool_call>"]))
 _turn = st.tuples(
     st.one_of(_txt, st.sampled_from(["<think>\nhmm\n</think>\n\n", "<answer>4</answer>"])),
     st.lists(st.tuples(st.text("abcdef_", min_size=1, max_size=6),
                        st.dictionaries(st.text("xyz", max_size=3),
                                        st.one_of(st.integers(), _txt), max_size=2)), max_size=2),
-    st.lists(_txt, min_size=1, max_size=3),
+    st.lists(_obs, min_size=1, max_size=3),
 )
 _chat = st.tuples(
     st.one_of(st.none(), _txt),
     _txt,
     st.lists(_turn, min_size=1, max_size=4),
     st.sampled_from(["json", "compact"]),
+    st.booleans(),
 )
 TOOLS = [{"name": "f", "description": "does f",
           "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}}}]
 
 
 def _check_incremental_equals_full(tok, case):
-    system, user, turns, fmt = case
+    system, user, turns, fmt, tool_specials = case
     prompt = ([{"role": "system", "content": system}] if system is not None else [])
     prompt.append({"role": "user", "content": user})
-    ids, mask, msgs = _rollout(tok, prompt, TOOLS, turns, fmt)
-    full = render_chat(msgs, tok, tools=TOOLS, tool_format=fmt)
+    ids, mask, msgs = _rollout(tok, prompt, TOOLS, turns, fmt, tool_specials)
+    full = render_chat(msgs, tok, tools=TOOLS, tool_format=fmt, tool_specials=tool_specials)
     nl = tok.encode("\n")
     # A finished rollout stops at <|im_end|>; render_chat adds the template's trailing "\n".
     assert full.tokens == ids + nl

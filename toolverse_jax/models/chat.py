@@ -89,9 +89,9 @@ class _Builder:
         self.tokens: list[int] = []
         self.mask: list[bool] = []
 
-    def add(self, text: str, policy: bool = False) -> None:
+    def add(self, text: str, policy: bool = False, allow_special: bool = True) -> None:
         if text:
-            ids = self.tokenizer.encode(text)
+            ids = self.tokenizer.encode(text, allow_special=allow_special)
             self.tokens.extend(ids)
             self.mask.extend([policy] * len(ids))
 
@@ -201,10 +201,16 @@ def _add_block(b: _Builder, role: str, text: str) -> None:
     b.add(f"{IM_START}{role}\n{text}{IM_END}\n")
 
 
-def _add_tool_response(b: _Builder, content: str, first: bool, last: bool) -> None:
+def _add_tool_response(b: _Builder, content: str, first: bool, last: bool,
+                       tool_specials: bool) -> None:
     head = f"{IM_START}user" if first else ""
     tail = f"{IM_END}\n" if last else ""
-    b.add(f"{head}\n<tool_response>\n{content}\n</tool_response>{tail}")
+    if tool_specials:
+        b.add(f"{head}\n<tool_response>\n{content}\n</tool_response>{tail}")
+    else:
+        b.add(f"{head}\n<tool_response>\n")
+        b.add(content, allow_special=False)
+        b.add(f"\n</tool_response>{tail}")
 
 
 def _add_assistant_body(b: _Builder, content: str, calls: list[tuple[str, Any]]) -> None:
@@ -217,8 +223,14 @@ def render_chat(
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = False,
     tool_format: str = "json",
+    tool_specials: bool = True,
 ) -> Rendered:
-    """Returns the ids, policy mask and turn boundaries of a chat in Qwen3's format."""
+    """Returns the ids, policy mask and turn boundaries of a chat in Qwen3's format.
+
+    tool_specials: whether special-token strings inside tool outputs become special ids (as
+    Qwen3's tokenizer does); False encodes them as plain text, so an environment's output can
+    never fake a turn boundary such as `<|im_end|>`.
+    """
     b = _Builder(tokenizer)
     spans: list[tuple[int, int]] = []
     starts: list[int] = []
@@ -257,7 +269,7 @@ def render_chat(
         else:  # tool
             is_first = i == 0 or msgs[i - 1]["role"] != "tool"
             is_last = i == len(msgs) - 1 or msgs[i + 1]["role"] != "tool"
-            _add_tool_response(b, _content(m), is_first, is_last)
+            _add_tool_response(b, _content(m), is_first, is_last, tool_specials)
         spans.append((s, len(b)))
 
     if add_generation_prompt:
@@ -276,19 +288,22 @@ def render_prompt(
                        tool_format=tool_format).tokens
 
 
-def render_tool_responses(contents: Sequence[Any], tokenizer: Tokenizer) -> list[int]:
+def render_tool_responses(contents: Sequence[Any], tokenizer: Tokenizer,
+                          tool_specials: bool = True) -> list[int]:
     """Returns the ids that follow an assistant turn ending in `<|im_end|>`.
 
     `\\n<|im_start|>user\\n<tool_response>\\n{c}\\n</tool_response>...<|im_end|>\\n
     <|im_start|>assistant\\n` — observation ids (policy mask False), ending in the next
-    generation prompt. Non-string contents are JSON-encoded.
+    generation prompt. Non-string contents are JSON-encoded. `tool_specials` as in
+    `render_chat` (use the same value in both).
     """
     if not contents:
         raise ValueError("render_tool_responses needs at least one tool output")
     b = _Builder(tokenizer)
     b.add("\n")
     for j, c in enumerate(contents):
-        _add_tool_response(b, _content({"content": c}), j == 0, j == len(contents) - 1)
+        _add_tool_response(b, _content({"content": c}), j == 0, j == len(contents) - 1,
+                           tool_specials)
     _add_header(b, "assistant")
     return b.tokens
 
