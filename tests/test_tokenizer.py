@@ -138,6 +138,19 @@ def test_hf_adapter_on_trained_bpe(trained_dir):
     assert tok.stop_ids_for(["<|im_end|>"]) == [tok.eos_id]
 
 
+def test_hf_without_pad_pads_with_eos(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.add_tokens(list(pre_tokenizers.ByteLevel.alphabet()))
+    raw.add_special_tokens(["</s>"])
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>").save_pretrained(str(tmp_path))
+    tok = HFTokenizer(tmp_path)
+    assert tok.eos_id == tok.pad_id == raw.token_to_id("</s>")
+
+
 @settings(max_examples=100, deadline=None)
 @given(_special_mix)
 def test_hf_round_trip_and_incremental(trained_dir, text):
@@ -178,8 +191,11 @@ def test_qwen3_offline(tmp_path):
     # Ids published for Qwen2/3 ("Hello"=9707, " world"=1879, "\n"=198, "user"=872).
     assert tok.encode("Hello world") == [9707, 1879]
     assert tok.encode("<|im_start|>user\n") == [151644, 872, 198]
-    for text in ["Grüße, 世界! 🎉 x=1234\n\ttabs", "<tool_call>\n{\"a\": 1}\n</tool_call><|im_end|>"]:
+    for text in ["Grüße, 世界! 🎉 x=1234\n\ttabs", "<tool_call>\n{\"a\": 1}\n</tool_call><|im_end|>",
+                 "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ꙮ 🧑‍🤝‍🧑"]:
         assert tok.decode(tok.encode(text)) == text
+        pieces = decode_incremental(tok, tok.encode(text))
+        assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
     # Rendering a chat piecewise gives the ids of tokenizing the whole rendered text.
     from toolverse_jax.models.chat import render_chat
 

@@ -175,8 +175,12 @@ def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
         if not isinstance(call.get("name"), str) or not call["name"]:
             raise ValueError(f"tool_calls[{i}] needs a non-empty string 'name'; got {call!r}")
         args = call.get("arguments", {})
-        if isinstance(args, str):
-            args = json.loads(args)
+        if isinstance(args, str):  # OpenAI form: arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except ValueError as e:
+                raise ValueError(f"tool_calls[{i}] ({call['name']!r}): arguments string is not "
+                                 f"JSON ({e}); pass a dict") from None
         out.append((call["name"], args))
     return out
 

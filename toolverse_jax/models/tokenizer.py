@@ -215,19 +215,25 @@ class HFTokenizer:
             t.content: int(i) for i, t in self.hf.added_tokens_decoder.items()
         }
         self._num_ids = len(self.hf)
-        self._pad_id = self._pick_id(self.hf.pad_token, PAD_TOKEN, "pad")
-        self._eos_id = self._pick_id(EOS_TOKEN if EOS_TOKEN in self._specials
-                                     else self.hf.eos_token, None, "eos")
+        self._eos_id = self._pick_id(
+            (EOS_TOKEN if EOS_TOKEN in self._specials else self.hf.eos_token,), "eos")
+        # No pad token: pad with eos (padding is masked out everywhere anyway).
+        self._pad_id = self._pick_id(
+            (self.hf.pad_token, PAD_TOKEN, self.convert_id(self._eos_id)), "pad")
 
-    def _pick_id(self, first, fallback, what) -> int:
-        for tok in (first, fallback):
+    def convert_id(self, i: int) -> str:
+        """Returns the vocabulary string of id `i`."""
+        return self.hf.convert_ids_to_tokens(int(i))
+
+    def _pick_id(self, candidates, what) -> int:
+        for tok in candidates:
             if tok is not None:
                 i = self.hf.convert_tokens_to_ids(tok)
                 if i is not None and i != self.hf.unk_token_id:
                     return int(i)
         raise ValueError(
-            f"tokenizer at {self.path!r} has no {what} token; add {fallback or EOS_TOKEN!r} "
-            "as a special token before saving it"
+            f"tokenizer at {self.path!r} has no {what} token; add {EOS_TOKEN!r} as a special "
+            "token (or set eos_token) before saving it"
         )
 
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
@@ -296,32 +302,42 @@ class IncrementalDecoder:
 
     `push(ids)` returns the newly completed text; `finish()` flushes the rest (an incomplete
     tail becomes U+FFFD). The concatenation of all returned pieces equals `decode(all_ids)`
-    whenever the ids decode to valid UTF-8.
+    whenever the ids decode to valid UTF-8. New ids are decoded together with the previous
+    chunk and the chunk's text subtracted (as HF's streamers do), so tokenizers whose decoding
+    depends on the preceding id (leading-space markers) stream correctly too.
     """
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self._emitted = 0  # ids[:_emitted] are fully emitted
+        self._prefix = 0  # ids[_prefix:_read] is the last emitted chunk (decoding context)
+        self._read = 0  # ids[:_read] are fully emitted
         self._text = ""
+
+    def _new_text(self) -> str:
+        ctx = self.tokenizer.decode(self.ids[self._prefix:self._read])
+        full = self.tokenizer.decode(self.ids[self._prefix:])
+        return full[len(ctx):] if full.startswith(ctx) else full
 
     def push(self, ids: Iterable[int]) -> str:
         """Returns the text completed by `ids` (possibly empty)."""
         self.ids.extend(int(i) for i in ids)
-        pending = self.tokenizer.decode(self.ids[self._emitted:])
-        if not pending or pending.endswith("\ufffd"):
+        if len(self.ids) == self._read:
+            return ""
+        new = self._new_text()
+        if not new or new.endswith("\ufffd"):
             # Possibly a character split across ids: wait for more (finish() flushes).
             return ""
-        self._emitted = len(self.ids)
-        self._text += pending
-        return pending
+        self._prefix, self._read = self._read, len(self.ids)
+        self._text += new
+        return new
 
     def finish(self) -> str:
         """Returns whatever is still pending, decoded with replacement characters."""
-        pending = self.tokenizer.decode(self.ids[self._emitted:])
-        self._emitted = len(self.ids)
-        self._text += pending
-        return pending
+        new = self._new_text() if len(self.ids) > self._read else ""
+        self._prefix, self._read = self._read, len(self.ids)
+        self._text += new
+        return new
 
     @property
     def text(self) -> str:
