@@ -191,8 +191,9 @@ def test_qwen3_offline(tmp_path):
     # Ids published for Qwen2/3 ("Hello"=9707, " world"=1879, "\n"=198, "user"=872).
     assert tok.encode("Hello world") == [9707, 1879]
     assert tok.encode("<|im_start|>user\n") == [151644, 872, 198]
-    for text in ["Grüße, 世界! 🎉 x=1234\n\ttabs", "<tool_call>\n{\"a\": 1}\n</tool_call><|im_end|>",
-                 "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ꙮ 🧑‍🤝‍🧑"]:
+    texts = ["Grüße, 世界! 🎉 x=1234\n\ttabs", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ꙮ 🧑‍🤝‍🧑",
+             "<tool_call>\n{\"a\": 1}\n</tool_call><|im_end|>"]
+    for text in texts:
         assert tok.decode(tok.encode(text)) == text
         pieces = decode_incremental(tok, tok.encode(text))
         assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)

@@ -95,7 +95,8 @@ def test_error_kinds(text, kind):
 
 def test_bad_arguments_message_names_tool():
     e = _err('<tool_call>{"name": "get_order", "arguments": [1]}</tool_call>')
-    assert str(e) == "tool call 1 ('get_order'): 'arguments' must be a JSON object; got a JSON array"
+    assert str(e) == ("tool call 1 ('get_order'): 'arguments' must be a JSON object; "
+                      "got a JSON array")
 
 
 def test_lenient_keeps_good_calls_and_records_errors():

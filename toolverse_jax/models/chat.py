@@ -3,20 +3,24 @@
 Token in, token out: a rollout builds its sequence by appending `render_prompt`, the sampled
 assistant ids, `render_tool_responses`, more sampled ids, ... and never re-tokenizes the whole
 chat. `render_chat` of the equivalent messages gives the same ids (both paths encode the same
-pieces: each non-policy block, each assistant turn's policy text), plus a trailing "\\n" after the last `<|im_end|>` that a finished
-rollout does not have.
+pieces: each non-policy block, each assistant turn's policy text), plus a trailing "\\n" after
+the last `<|im_end|>` that a finished rollout does not have.
 
-Format (Qwen3's chat template, transformers' `tojson` = json.dumps(ensure_ascii=False)):
+Format (Qwen3's chat template; transformers' `tojson` is json.dumps(ensure_ascii=False)):
 
-    <|im_start|>system\\n{system}\\n\\n# Tools\\n\\nYou may call ... <tools>\\n{spec}\\n...</tools>...<|im_end|>\\n
+    <|im_start|>system\\n{system}\\n\\n# Tools\\n\\nYou may call ...
+    <tools>\\n{spec}\\n{spec}\\n</tools>\\n\\nFor each function call, ...</tool_call><|im_end|>\\n
     <|im_start|>user\\n{content}<|im_end|>\\n
-    <|im_start|>assistant\\n{content}\\n<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call><|im_end|>\\n
-    <|im_start|>user\\n<tool_response>\\n{out 1}\\n</tool_response>\\n<tool_response>\\n{out 2}\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n{content}\\n<tool_call>\\n{"name": ..., "arguments": {...}}\\n
+    </tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n{out 1}\\n</tool_response>\\n<tool_response>\\n
+    {out 2}\\n</tool_response><|im_end|>\\n
 
-Consecutive tool messages share one user block. Deviations from Qwen3's template, on purpose:
-assistant content is rendered verbatim (Qwen3 inserts an empty `<think>\\n\\n</think>\\n\\n`
-into the turns after the last user query and strips reasoning from earlier ones; a policy must
-be trained on exactly the ids it sampled), and the generation prompt is `<|im_start|>assistant\\n`
+(each entry is one line in the real text). Consecutive tool messages share one user block.
+Deviations from Qwen3's template, on purpose: assistant content is rendered verbatim (Qwen3
+inserts an empty `<think>\\n\\n</think>\\n\\n` into the turns after the last user query and
+strips reasoning from earlier ones; a policy must be trained on exactly the ids it sampled), and
+the generation prompt is `<|im_start|>assistant\\n`
 with no `<think>` prefix.
 
 Message: {"role": "system"|"user"|"assistant"|"tool", "content": str,
