@@ -16,7 +16,10 @@ import shutil
 import subprocess
 import sys
 
-PIP_PINS = ["mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19", "mcp-server-sqlite==2025.4.25"]
+PIP_PINS = ["mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19"]
+# mcp-server-sqlite uses the mcp 1.x server API (`Server.list_resources` decorators, gone in 2.x):
+# it gets its own venv under .mcp_servers/py-sqlite with mcp pinned to 1.x.
+SQLITE_PINS = ["mcp-server-sqlite==2025.4.25", "mcp==1.27.0"]
 NPM_PINS = ["@modelcontextprotocol/server-filesystem@2026.8.31", "@modelcontextprotocol/server-memory@2026.8.31",
             "@modelcontextprotocol/server-everything@2026.8.31"]
 
@@ -24,6 +27,20 @@ NPM_PINS = ["@modelcontextprotocol/server-filesystem@2026.8.31", "@modelcontextp
 def pip_install() -> bool:
     r = subprocess.run([sys.executable, "-m", "pip", "install", *PIP_PINS], capture_output=True, text=True)
     print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install " + " ".join(PIP_PINS))
+    if r.returncode:
+        print(r.stderr[-2000:])
+    return r.returncode == 0
+
+
+def sqlite_venv_install() -> bool:
+    from toolverse_jax.envs.catalog import npm_root
+
+    venv = os.path.join(npm_root(), "py-sqlite")
+    r = subprocess.run([sys.executable, "-m", "venv", venv], capture_output=True, text=True)
+    if r.returncode == 0:
+        r = subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", *SQLITE_PINS],
+                           capture_output=True, text=True)
+    print(("ok   " if r.returncode == 0 else "FAIL ") + f"venv {venv}: pip install " + " ".join(SQLITE_PINS))
     if r.returncode:
         print(r.stderr[-2000:])
     return r.returncode == 0
@@ -71,6 +88,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if not a.harvest_only:
         pip_install()
+        sqlite_venv_install()
         npm_install()
     from toolverse_jax.envs.harvest import harvest_builtin
 

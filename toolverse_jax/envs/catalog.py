@@ -50,8 +50,9 @@ class ServerEntry:
     reason: str | None = None
 
     def format(self, template: str, sandbox: str = "") -> str:
-        """Returns `template` with {python}, {sandbox}, {npm}, {repo}, {name} filled in."""
+        """Returns `template` with {python}, {sandbox}, {npm}, {servers}, {repo}, {name} filled in."""
         return template.format(python=sys.executable, sandbox=sandbox, npm=os.path.join(npm_root(), "node_modules"),
+                               servers=npm_root(),
                                repo=REPO_ROOT, name=self.name, manifest=self.manifest_path)
 
     @property
@@ -67,6 +68,9 @@ def _check_requires(entry: ServerEntry) -> str | None:
     for exe in req.get("executables", []):
         if shutil.which(exe) is None:
             return f"executable {exe!r} not found on PATH"
+    for path in req.get("files", []):
+        if not os.path.exists(entry.format(path)):
+            return f"{entry.format(path)} not found (run: python -m experiments.install_servers)"
     script = req.get("node_script")
     if script:
         if shutil.which("node") is None:

@@ -264,6 +264,7 @@ class _WorkerCore:
         self.specs: dict[str, dict[str, dict]] = {}
         self.newly_failed: set[str] = set()
         os.makedirs(root, exist_ok=True)
+        logging.getLogger("client").setLevel(logging.ERROR)  # mcp's "tool not listed" chatter
         self.errlog = open(os.path.join(root, f"servers-{os.getpid()}.log"), "a")
         self._starting: dict[str, asyncio.Future] = {}
 
@@ -422,20 +423,27 @@ class _WorkerCore:
             await self._after_timeout(conn, ep)
             return obs("timeout", f"tool {tool!r} on server {server!r} did not answer within "
                                   f"{self.call_timeout_s:.1f}s", executed=True)
-        except Exception as ex:  # noqa: BLE001 - transport failure: the server is gone
+        except Exception as ex:  # noqa: BLE001
+            if conn.alive() and await self._responsive(conn):
+                # The server is fine; its answer was not (e.g. a result violating its outputSchema).
+                return obs("tool_error", f"tool {tool!r} on server {server!r} returned an unusable result: "
+                                         f"{type(ex).__name__}: {str(ex)[:500]}", executed=True)
             await self._lost(conn, f"call failed: {ex!r}")
             return obs("server_crashed", f"server {server!r} crashed during {tool!r}: {type(ex).__name__}; "
                                          f"episode {eid} is marked failed", executed=True)
         return obs("tool_error" if res.is_error else "ok", _result_text(res),
                    res.structured_content if isinstance(res.structured_content, dict) else None, executed=True)
 
+    async def _responsive(self, conn: _Conn) -> bool:
+        try:
+            await asyncio.wait_for(conn.client.list_tools(), min(2.0, self.call_timeout_s))  # ping is gone in 2026-07-28
+            return True
+        except BaseException:  # noqa: BLE001
+            return False
+
     async def _after_timeout(self, conn: _Conn, ep: _Ep) -> None:
         # A slow tool in a live server leaves the episode usable; an unresponsive server is killed.
-        try:
-            if self.in_process:
-                raise asyncio.TimeoutError
-            await asyncio.wait_for(conn.client.send_ping(), min(2.0, self.call_timeout_s))
-        except BaseException:  # noqa: BLE001
+        if not await self._responsive(conn):
             conn.episodes.add(ep.id)
             await self._lost(conn, "hung past the call timeout")
 
