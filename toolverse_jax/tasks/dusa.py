@@ -41,6 +41,7 @@ class DusaConfig:
     max_per_stage: int = 2                # N: tools per stage
     servers: tuple[str, ...] | None = None  # allowed servers (None: all the executor has)
     num_servers: tuple[int, int] = (1, 2)   # min, max servers per task
+    stages_per_server: int | None = 8     # at least ceil(H / this) servers (None: off)
     unlock_bonus: float = 4.0             # weight of tools unlocked by the previous stage
     reuse_decay: float = 0.35             # weight factor per earlier use of the same tool
     newest_bias: float = 0.85             # prob. of taking an argument from the newest producer
@@ -150,7 +151,8 @@ class ToolIndex:
 
 
 def grow_subgraph(ix: ToolIndex, dag: nx.DiGraph, n_new: int, rng: random.Random,
-                  cfg: DusaConfig, attach_to: set | None = None) -> list:
+                  cfg: DusaConfig, attach_to: set | None = None,
+                  penalty: dict[str, float] | None = None) -> list:
     """Adds up to `n_new` tool instances to `dag`; returns the new instance ids.
 
     Each candidate tool is weighted by how many of its inputs existing instances can feed
@@ -188,13 +190,15 @@ def grow_subgraph(ix: ToolIndex, dag: nx.DiGraph, n_new: int, rng: random.Random
     for _ in range(n_new):
         cands, ws = [], []
         for t in ix.tools:
-            if uses[t] >= cfg.max_tool_reuse:
+            # a tool without inputs would only repeat the same call
+            if uses[t] >= (cfg.max_tool_reuse if ix.required[t] else 1):
                 continue
             prods = ix.producers[t]
             fed = sum(1 for p in ix.required[t]
                       if any(inst.get(u) for u, _ in prods.get(p["name"], ())))
             cands.append(t)
-            ws.append((1.0 + cfg.chain_bonus * fed) * cfg.reuse_decay ** uses[t])
+            ws.append((1.0 + cfg.chain_bonus * fed) * cfg.reuse_decay ** uses[t]
+                      * (penalty.get(t, 1.0) if penalty else 1.0))
         if not cands:
             break
         add(rng.choices(cands, weights=ws)[0])
@@ -469,6 +473,20 @@ def choose_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
     return None
 
 
+def final_state_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
+                         ) -> tuple[Any, dict] | None:
+    """Returns (answer, verifier) checking the final state for the latest state-changing step
+    whose effect survives to the end (diff of the initial and the final state), or None."""
+    for st in reversed(stages):
+        for s in st:
+            if sch.tool_kind(s.tool) in sch.READ_ONLY_KINDS:
+                continue
+            checks = state_checks(before, after, s)
+            if checks:
+                return checks[0]["match"], {"kind": "state", "checks": checks}
+    return None
+
+
 # ------------------------------------------------------------------------------- the program
 
 
@@ -476,7 +494,12 @@ def choose_servers(g: nx.MultiDiGraph, allowed: Sequence[str], rng: random.Rando
                    cfg: DusaConfig) -> tuple[str, ...]:
     """Returns a sorted server set: one at random, then servers linked to it by cross edges."""
     lo, hi = cfg.num_servers
-    k = rng.randint(max(1, lo), max(lo, min(hi, len(allowed))))
+    if cfg.stages_per_server:
+        # long chains need more tools than one server has: at least H / stages_per_server
+        lo = max(lo, -(-cfg.horizon // cfg.stages_per_server))
+        hi = max(hi, lo)
+    lo, hi = min(lo, len(allowed)), min(hi, len(allowed))
+    k = rng.randint(max(1, lo), max(1, lo, hi))
     chosen = [rng.choice(list(allowed))]
     while len(chosen) < k:
         links = Counter()
@@ -527,10 +550,12 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
     info = Counter()
     rounds = 0
     before_last = before
+    penalty: dict[str, float] = {}  # tools that could not be grounded or failed in this task
     while len(stages) < H and rounds < 3 * H + 4:
         rounds += 1
         if not fr.Q:
-            new = grow_subgraph(ix, dag, N, rng, cfg, attach_to=set(fr.done))
+            info["regrow"] += 1
+            new = grow_subgraph(ix, dag, N, rng, cfg, attach_to=set(fr.done), penalty=penalty)
             if not new:
                 break
             fr.add_nodes(new, len(stages))
@@ -548,14 +573,19 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
         calls, metas = [], []
         for v in S:
             t = dag.nodes[v]["tool"]
-            grounded = _ground(ix, t, done, index, rng, cfg)
+            for _attempt in range(4):  # re-draw values rather than repeat an earlier call
+                grounded = _ground(ix, t, done, index, rng, cfg)
+                if grounded is None or sch.canonical([t, grounded[0]]) not in seen_calls:
+                    break
             if grounded is None:
                 info["ungroundable"] += 1
+                penalty[t] = penalty.get(t, 1.0) * 0.1
                 continue
             args, sources = grounded
             key = sch.canonical([t, args])
             if key in seen_calls:
                 info["duplicate_call"] += 1
+                penalty[t] = penalty.get(t, 1.0) * 0.5
                 continue
             seen_calls.add(key)
             nd = sub.nodes[t]
@@ -568,6 +598,7 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
             uses[t] += 1
             if res.status != "ok":
                 info["failed_call"] += 1
+                penalty[t] = penalty.get(t, 1.0) * 0.3
                 continue
             nd = sub.nodes[t]
             # The agent-facing name is only known to the executor; resolved below at replay.
@@ -579,9 +610,11 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
             stages.append(stage)
     if len(stages) < min_h:
         yield Close(handle)
-        return None, "short", dict(info)
+        return None, "short", {**info, "stages": len(stages), "servers": list(servers)}
     after = yield State(handle)
     chosen = choose_verifier(stages, before_last, after, rng, cfg)
+    if chosen is None and "state" in cfg.answer_kinds:
+        chosen = final_state_verifier(stages, before, after)
     yield Close(handle)
     if chosen is None:
         return None, "no_answer", dict(info)

@@ -4,7 +4,6 @@ and train/validation/test splits by server or tool set."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import glob
 import hashlib
 import importlib
@@ -12,9 +11,7 @@ import json
 import multiprocessing as mp
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence
-
-import grain
+from typing import Any, Iterable, Sequence
 
 from toolverse_jax.tasks.dusa import DusaConfig, dusa_generate, task_seed
 from toolverse_jax.tasks.task import Task
@@ -115,6 +112,11 @@ def _run_chunk(indices: Sequence[int]) -> list[tuple[int, dict | None, str, dict
     return sorted(out, key=lambda r: r[0])
 
 
+def _ping(_: int) -> int:
+    time.sleep(0.05)
+    return os.getpid()
+
+
 def _shutdown_worker() -> None:
     ex = _WORKER.get("executor")
     if ex is not None and hasattr(ex, "__exit__"):
@@ -172,8 +174,10 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
         return len(kept) >= s["num_tasks"]
 
     nproc = int(s["num_processes"])
+    startup = 0.0
     if nproc <= 0:
         _init_worker(s)
+        startup = time.time() - t0
         try:
             for ch in _chunks(s):
                 if consume(_run_chunk(ch)):
@@ -183,6 +187,14 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
     else:
         ctx = mp.get_context("spawn")
         with ctx.Pool(nproc, initializer=_init_worker, initargs=(s,)) as pool:
+            # wait until every worker has started (imports, env pool, graph) so that
+            # tasks_per_s measures generation, and startup_s is reported apart
+            pids: set = set()
+            for _ in range(20):
+                pids |= set(pool.map(_ping, range(nproc), chunksize=1))
+                if len(pids) >= nproc:
+                    break
+            startup = time.time() - t0
             chunks = _chunks(s)
             inflight: collections.deque = collections.deque()
             for ch in chunks:
@@ -200,7 +212,9 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
     if bar is not None:
         bar.close()
     elapsed = time.time() - t0
-    manifest = make_manifest(kept, dropped, attempts, elapsed, s)
+    manifest = make_manifest(kept, dropped, attempts, elapsed - startup, s)
+    manifest["startup_s"] = round(startup, 3)
+    manifest["total_s"] = round(elapsed, 3)
     manifest["generation_info"] = dict(info_tot)
     if out_dir is not None:
         manifest["shards"] = write_shards(kept, out_dir, s["shard_size"])
@@ -226,7 +240,7 @@ def make_manifest(tasks: Sequence[Task], dropped: dict, attempts: int, elapsed: 
         "servers": dict(sorted(servers.items())),
         "verifier_kinds": dict(sorted(kinds.items())),
         "cross_server_tasks": sum(1 for t in tasks if t.stats["num_servers"] > 1),
-        "elapsed_s": round(elapsed, 3),
+        "elapsed_s": round(elapsed, 3),     # generation time, without worker startup
         "tasks_per_s": round(len(tasks) / elapsed, 3) if elapsed > 0 else None,
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()},
     }
@@ -264,8 +278,12 @@ def read_tasks(path: str) -> list[Task]:
     return out
 
 
-class GustSource(grain.sources.RandomAccessDataSource):
-    """grain random-access source over GUST JSONL shards; items are task JSON dicts."""
+class GustSource:
+    """grain random-access source over GUST JSONL shards; items are task JSON dicts.
+
+    Implements grain's `RandomAccessDataSource` protocol (`__len__`, `__getitem__`); grain
+    itself (which imports jax) is imported only by `make_dataset`.
+    """
 
     def __init__(self, path: str | Sequence[str]):
         paths = shard_paths(path) if isinstance(path, str) else list(path)
@@ -297,6 +315,8 @@ def make_dataset(path: str | Sequence[str], seed: int | None = 0,
                  as_tasks: bool = False, drop_remainder: bool = False):
     """Returns a grain dataset over GUST shards: shuffled (seed; None = file order), filtered by
     horizon range [lo, hi], optionally parsed to `Task`, optionally batched (lists)."""
+    import grain  # noqa: PLC0415 - heavy (imports jax); generation workers never need it
+
     ds = grain.MapDataset.source(GustSource(path))
     if seed is not None:
         ds = ds.shuffle(seed=seed)

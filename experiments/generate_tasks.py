@@ -1,0 +1,26 @@
+"""Generates a GUST task set: `python -m experiments.generate_tasks --config configs/gust.py
+--out DIR [--config.num_tasks=50]`. Writes JSONL shards and DIR/manifest.json."""
+
+import json
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from toolverse_jax.tasks.gust import generate_gust
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/gust.py", "GUST generation config.")
+_OUT = flags.DEFINE_string("out", None, "Output directory for shards and manifest.json.")
+
+
+def main(argv):
+    del argv
+    if not _OUT.value:
+        raise app.UsageError("--out DIR is required (where shards and manifest.json go)")
+    _, manifest = generate_gust(_CONFIG.value, out_dir=_OUT.value, progress=True)
+    keys = ("num_tasks", "attempts", "dropped", "horizon_histogram", "cross_server_tasks",
+            "tasks_per_s", "elapsed_s")
+    print(json.dumps({k: manifest[k] for k in keys}))
+
+
+if __name__ == "__main__":
+    app.run(main)
