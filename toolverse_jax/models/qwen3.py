@@ -166,7 +166,7 @@ class Qwen3(nn.Module):
                 "(tiny, qwen3-0.6b/1.7b/4b/8b) or add the routed expert block in Qwen3Block")
         pd = cfg.jnp_param_dtype
         self.embedding = self.param(
-            "embedding", nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0),
+            "embedding", nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model ** -0.5),
                                                       ("vocab", "embed")),
             (cfg.vocab_size, cfg.d_model), pd)
         block = nn.remat(Qwen3Block) if cfg.remat else Qwen3Block
