@@ -40,7 +40,7 @@ def check_arguments(tool: str, schema: dict | None, args: Any, max_bytes: int = 
     if not isinstance(args, dict):
         raise InvalidCall(f"tool '{tool}': arguments must be a JSON object; got {type(args).__name__}")
     try:
-        size = len(json.dumps(args, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        size = len(json.dumps(args, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass"))
     except (TypeError, ValueError) as e:
         raise InvalidCall(f"tool '{tool}': arguments are not JSON-serializable ({e})") from None
     if size > max_bytes:
