@@ -266,6 +266,40 @@ def literal_value(p: dict, rng: random.Random) -> Any:
     return None
 
 
+_DESCRIPTORS = ("name", "title", "subject", "sender", "email", "city", "date", "start_time",
+                "flight_number", "status", "priority")
+
+
+def list_pick(value: Any, path: str, chosen: Any) -> dict | None:
+    """Returns how to tell which list element a value was taken from, or None if no list.
+
+    {"field": k, "value": v}: the element whose k is v (unique in the list), else
+    {"position": i} (0-based). Only for `prefix[].leaf` paths; the instruction states it.
+    """
+    if "[]" not in path or path.startswith("**"):
+        return None
+    prefix, _, leaf = path.rpartition("[].")
+    if "[]" in prefix or not leaf or "." in leaf:
+        return None
+    items = value
+    for part in [x for x in prefix.split(".") if x]:
+        items = items.get(part) if isinstance(items, dict) else None
+    if not isinstance(items, list):
+        return None
+    items = [it for it in items if isinstance(it, dict)]
+    if len(items) <= 1:
+        return None
+    pos = next((i for i, it in enumerate(items) if it.get(leaf) == chosen), None)
+    if pos is None:
+        return None
+    for k in _DESCRIPTORS:
+        v = items[pos].get(k)
+        if k != leaf and isinstance(v, (str, int, float)) and not isinstance(v, bool) and \
+                sum(1 for it in items if it.get(k) == v) == 1 and len(str(v)) <= 60:
+            return {"field": k, "value": v}
+    return {"position": pos}
+
+
 def _wrap(p: dict, v: Any) -> Any:
     return [v] if p.get("array") else v
 
@@ -298,14 +332,26 @@ def _ground(ix: ToolIndex, t: str, done: list[_Done], index: StateIndex,
                 vals = [v for v in tg.field_values(d.step.observation, f)
                         if sch.validates(v, p["schema"])]
                 if vals:
-                    args[p["name"]] = _wrap(p, rng.choice(vals[:20]))
+                    val = rng.choice(vals[:20])
+                    args[p["name"]] = _wrap(p, val)
                     sources[p["name"]] = {"from": "step", "stage": d.stage, "index": d.index,
                                           "field": f}
+                    pick = list_pick(d.step.observation, f, val)
+                    if pick:
+                        sources[p["name"]]["pick"] = pick
                     filled = True
                     break
             if filled:
                 break
         if filled:
+            continue
+        free = bool(set(sch.split_words(p["name"])) & sch.FREE_TEXT) and \
+            not p["key"].startswith(("id:", "name:"))
+        lit = literal_value(p, rng) if free else None
+        if lit is not None and sch.validates(lit, p["schema"]):
+            # free text (subject, body) is the user's to state: short and invented
+            args[p["name"]] = _wrap(p, lit)
+            sources[p["name"]] = {"from": "literal"}
             continue
         vals = [v for v in index.values(p["key"])[:200] if sch.validates(v, p["schema"])]
         if vals:
@@ -379,6 +425,8 @@ def answer_candidates(step: GoldStep, rng: random.Random, cfg: DusaConfig) -> li
             if not ok_scalar(x):
                 continue
             key = sch.semantic_key(k).split(":")[0]
+            if k in ("count", "total_count", "num_results") and x == 0:
+                continue  # "there are none" is too easy to guess
             w = 3.0 if key in _GOOD_FIELDS or k in _GOOD_FIELDS else 1.0
             if "id" in sch.split_words(k) or isinstance(x, bool):
                 w = 0.2
@@ -417,25 +465,22 @@ def state_checks(before: dict, after: dict, step: GoldStep) -> list[dict]:
                     best, best_n, exists = r, n, False
     if best is None:
         return []
-    keys = set(overlap(best))
     id_keys = [k for k in best if k == "id" or k.endswith("_id")]
     prior = next((r for r in b if id_keys and r.get(id_keys[0]) == best.get(id_keys[0])), None)
-    if prior is not None or not exists:
-        # an existing record changed (or was removed): name it by id, check what changed.
-        # A new record's generated id is left out: the agent may create others first.
-        keys |= set(id_keys[:1])
-        if exists:
-            keys |= {k for k in best if prior.get(k) != best[k]}
+    if not exists:
+        # a removed record: named by id (and what the call named it by)
+        keys = set(overlap(best)) | set(id_keys[:1])
+    elif prior is not None:
+        # an existing record changed: its id and the fields that changed
+        keys = set(id_keys[:1]) | {k for k in best if prior.get(k) != best[k]}
+    else:
+        # a new record: every field but generated ids (the agent may create others first)
+        keys = {k for k in best if k not in id_keys}
     match = {k: best[k] for k in sorted(keys)
              if not (isinstance(best[k], str) and len(best[k]) > 200)}
     check = {"server": server, "match": match, "exists": exists}
-    if exists and (not match or check_state(check, before)):
-        # not discriminative yet (holds before the step): name the whole record
-        match = {k: v for k, v in best.items() if not (isinstance(v, str) and len(v) > 200)
-                 and not (k in id_keys and prior is None)}
-        check = {"server": server, "match": match, "exists": exists}
     if not match or check_state(check, before) == exists:
-        return []
+        return []  # not discriminative: already true before the step
     return [check]
 
 
@@ -446,10 +491,16 @@ def _eq(a, b) -> bool:
 
 
 def choose_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
-                    rng: random.Random, cfg: DusaConfig) -> tuple[Any, dict] | None:
-    """Returns (answer, verifier) from the last stage, or None if nothing there is verifiable."""
+                    rng: random.Random, cfg: DusaConfig,
+                    stated: Callable[[Any], bool] = lambda v: False,
+                    ) -> tuple[Any, dict] | None:
+    """Returns (answer, verifier) from the last stage, or None if nothing there is verifiable.
+
+    Read-only steps give exact/set answers (never a value `stated` says the instruction
+    already contains); state-changing steps give final-state checks.
+    """
     last = len(stages) - 1
-    state, answers = [], []
+    state, answers, action_answers = [], [], []
     for j, s in enumerate(stages[last]):
         kind = sch.tool_kind(s.tool)
         if kind not in sch.READ_ONLY_KINDS and "state" in cfg.answer_kinds:
@@ -457,10 +508,13 @@ def choose_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
         if kind in sch.READ_ONLY_KINDS or kind == "action":
             for c in answer_candidates(s, rng, cfg):
                 c["source"] = {"stage": last, "index": j, "field": c.pop("field")}
-                answers.append(c)
+                if stated(c.get("value", c.get("values"))):
+                    continue
+                (answers if kind != "action" else action_answers).append(c)
+    if not answers and not state:
+        answers = action_answers  # an action that changed nothing: its result is the answer
     if state and (not answers or rng.random() < 0.6):
-        desc = state[0]["match"]
-        return desc, {"kind": "state", "checks": state}
+        return state[0]["match"], {"kind": "state", "checks": state}
     if answers:
         c = rng.choices(answers, weights=[a.pop("w") for a in answers])[0]
         for a in answers:
@@ -468,9 +522,23 @@ def choose_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
         if c["kind"] == "exact":
             return c["value"], c
         return c["values"], c
-    if state:
-        return state[0]["match"], {"kind": "state", "checks": state}
     return None
+
+
+def stated_values(stages: list[list[GoldStep]]) -> set[str]:
+    """Returns the normalized values an instruction states (non-derived args, list picks)."""
+    out = set()
+    for st in stages:
+        for s in st:
+            for p, v in s.arguments.items():
+                src = s.sources.get(p, {})
+                for x in (v if isinstance(v, list) else [v]):
+                    if src.get("from") != "step":
+                        out.add(str(x).strip().casefold())
+                pick = src.get("pick") or {}
+                if "value" in pick:
+                    out.add(str(pick["value"]).strip().casefold())
+    return out
 
 
 def final_state_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
@@ -612,7 +680,13 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
         yield Close(handle)
         return None, "short", {**info, "stages": len(stages), "servers": list(servers)}
     after = yield State(handle)
-    chosen = choose_verifier(stages, before_last, after, rng, cfg)
+    said = stated_values(stages)
+
+    def is_stated(v):
+        vals = v if isinstance(v, list) else [v]
+        return any(str(x).strip().casefold() in said for x in vals)
+
+    chosen = choose_verifier(stages, before_last, after, rng, cfg, stated=is_stated)
     if chosen is None and "state" in cfg.answer_kinds:
         chosen = final_state_verifier(stages, before, after)
     yield Close(handle)

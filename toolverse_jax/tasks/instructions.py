@@ -27,6 +27,12 @@ def _fmt(v: Any) -> str:
     return json.dumps(v)
 
 
+def _ordinal(i: int) -> str:
+    names = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth",
+             "ninth", "tenth"]
+    return names[i] if i < len(names) else f"#{i + 1}"
+
+
 def tool_phrase(tool: str) -> str:
     """Returns a verb phrase for a tool name (`get_account_balance` -> `get account balance`)."""
     words = sch.split_words(tool)
@@ -42,7 +48,13 @@ def step_phrase(step, stages) -> str:
         if src.get("from") == "step":
             up = stages[src["stage"]][src["index"]]
             leaf = src["field"].rsplit(".", 1)[-1].replace("[]", "").replace("*", "") or "value"
-            derived.append(f"the {_words(leaf)} from the {tool_phrase(up.tool)} result"
+            which = ""
+            pick = src.get("pick")
+            if pick and "field" in pick:
+                which = f" of the one whose {_words(pick['field'])} is {_fmt(pick['value'])}"
+            elif pick:
+                which = f" of the {_ordinal(pick['position'])} item"
+            derived.append(f"the {_words(leaf)}{which} from the {tool_phrase(up.tool)} result"
                            + ("" if sch.split_words(leaf) == sch.split_words(p) else
                               f" as {_words(p)}"))
         else:

@@ -17,7 +17,8 @@ import jsonschema
 _VERBS = {
     "create": {"create", "add", "new", "make", "book", "schedule", "register", "place", "open",
                "post", "insert", "compose", "draft", "reserve", "submit", "write"},
-    "get": {"get", "read", "fetch", "show", "view", "describe", "retrieve", "check", "lookup"},
+    "get": {"get", "read", "fetch", "show", "view", "describe", "retrieve", "check", "lookup",
+            "track", "count", "calculate", "compute"},
     "list": {"list", "all", "browse"},
     "search": {"search", "find", "query", "filter"},
     "update": {"update", "edit", "modify", "set", "rename", "move", "change", "mark", "assign",
