@@ -24,5 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.shard_size = 1000                 # tasks per JSONL shard
     c.attempts_factor = 4.0             # stop after num_tasks * factor seeds
     c.verify = True                     # replay every task in a fresh episode
+    c.refine_warmup = 0                 # unverified warm-up tasks per worker that refine the
+                                        # tool graph with observed outputs (0: off)
     c.executor_factory = config_dict.placeholder(str)  # "module:fn" -> Executor (tests)
     return c

@@ -121,3 +121,10 @@ def test_generate_tasks_cli(tmp_path):
     assert summary["num_tasks"] == 6
     with open(tmp_path / "manifest.json") as f:
         assert json.load(f)["horizon_histogram"] == {"2": 3, "3": 3}
+
+
+def test_refine_warmup_runs_and_keeps_determinism():
+    a, ma = generate_gust(_cfg(num_tasks=8, refine_warmup=6), progress=False)
+    b, _ = generate_gust(_cfg(num_tasks=8, refine_warmup=6), progress=False)
+    assert [t.id for t in a] == [t.id for t in b] and len(a) == 8
+    assert "graph_dropped" in ma["generation_info"]

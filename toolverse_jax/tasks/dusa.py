@@ -709,16 +709,28 @@ def set_agent_names(task: Task, executor: Executor, handle: Any) -> None:
             s.name = executor.agent_name(handle, s.server, s.tool)
 
 
-def dusa_generate(executor: Executor, seeds: Sequence[int], cfg: DusaConfig,
+def dusa_generate(executor: Any, seeds: Sequence[int] | int, cfg: DusaConfig | None = None,
                   graph: nx.MultiDiGraph | None = None, verify: bool = True,
-                  max_concurrent: int = 32) -> list[tuple[Task | None, str, dict]]:
+                  max_concurrent: int = 32, base_seed: int = 0, **overrides,
+                  ) -> list[tuple[Task | None, str, dict]]:
     """Returns (task | None, reason, info) per seed: DUSA + grounding (+ replay check).
+
+    Args:
+      executor: an `Executor` (e.g. `PoolExecutor`) or an `envs.EnvPool`.
+      seeds: task seeds, or a count n (seeds `task_seed(base_seed, i)`, i < n).
+      cfg: `DusaConfig`; `overrides` replace its fields (`horizon=3, max_per_stage=1`).
+      graph: the tool graph (default: built from the executor's tool specs).
+      verify: replay each task in a fresh episode and drop it if the verifier fails.
 
     reason is "ok", "short" (fewer than min_horizon stages), "no_answer", "replay_failed" or
     "error".
     """
-    from toolverse_jax.tasks.replay import replay_program  # noqa: PLC0415
+    from toolverse_jax.tasks.replay import as_executor, replay_program  # noqa: PLC0415
 
+    executor = as_executor(executor)
+    cfg = dataclasses.replace(cfg or DusaConfig(), **overrides)
+    if isinstance(seeds, int):
+        seeds = [task_seed(base_seed, i) for i in range(seeds)]
     allowed = list(cfg.servers) if cfg.servers else executor.server_names()
     if graph is None:
         graph = tg.build_tool_graph(executor.tool_specs(allowed))
@@ -737,3 +749,14 @@ def dusa_generate(executor: Executor, seeds: Sequence[int], cfg: DusaConfig,
     raw = run_programs(executor, (program(s) for s in seeds), max_concurrent=max_concurrent)
     return [r if not (isinstance(r, tuple) and len(r) == 2 and r[0] == "error")
             else (None, "error", {"error": r[1]}) for r in raw]
+
+
+def observations_of(tasks: Iterable[Task]) -> list[dict]:
+    """Returns the executed steps of tasks in the form `refine_with_observations` takes."""
+    out = []
+    for t in tasks:
+        for st in t.stages:
+            for s in st:
+                out.append({"node": tg.node_id(s.server, s.tool), "arguments": s.arguments,
+                            "output": s.observation, "status": "ok"})
+    return out

@@ -41,6 +41,7 @@ def default_config() -> dict:
         "shard_size": 1000,
         "attempts_factor": 4.0,     # give up after num_tasks * factor task seeds
         "verify": True,
+        "refine_warmup": 0,         # tasks run (unverified) per worker to refine the graph
         "executor_factory": None,   # "module:function" returning an Executor (tests, fakes)
     }
 
@@ -79,14 +80,24 @@ _WORKER: dict = {}
 
 
 def _init_worker(s: dict) -> None:
-    from toolverse_jax.tasks.graph import build_tool_graph  # noqa: PLC0415
+    from toolverse_jax.tasks.dusa import observations_of  # noqa: PLC0415
+    from toolverse_jax.tasks.graph import build_tool_graph, refine_with_observations  # noqa
 
     ex = _make_executor(s)
     if hasattr(ex, "__enter__"):
         ex.__enter__()
     allowed = list(s["servers"]) if s["servers"] else ex.server_names()
-    _WORKER.update(settings=s, executor=ex, allowed=allowed,
-                   graph=build_tool_graph(ex.tool_specs(allowed)))
+    g = build_tool_graph(ex.tool_specs(allowed))
+    refined = {}
+    if s["refine_warmup"]:
+        # the same warm-up seeds in every worker, so every worker refines to the same graph
+        cfg = _dusa_cfg(s, min(s["horizons"]))
+        cfg.servers = tuple(allowed)
+        warm = dusa_generate(ex, [task_seed(s["seed"] + 7_777_777, i)
+                                  for i in range(s["refine_warmup"])], cfg, graph=g,
+                             verify=False)
+        refined = refine_with_observations(g, observations_of(t for t, *_ in warm if t))
+    _WORKER.update(settings=s, executor=ex, allowed=allowed, graph=g, refined=refined)
 
 
 def _horizon_of(s: dict, index: int) -> int:
@@ -178,6 +189,7 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
     if nproc <= 0:
         _init_worker(s)
         startup = time.time() - t0
+        info_tot.update({f"graph_{k}": v for k, v in _WORKER.get("refined", {}).items()})
         try:
             for ch in _chunks(s):
                 if consume(_run_chunk(ch)):

@@ -65,10 +65,15 @@ def verify_task(task: Task, env: Any) -> bool:
 
 def verify_tasks(tasks: list[Task], env: Any, max_concurrent: int = 32) -> list[tuple[bool, str]]:
     """Returns (ok, reason) per task, replaying them concurrently."""
-    executor = env if hasattr(env, "agent_name") else _wrap_pool(env)
+    executor = as_executor(env)
     out = run_programs(executor, (replay_program(t, executor) for t in tasks),
                        max_concurrent=max_concurrent)
     return [(False, r[1]) if r and r[0] == "error" else r for r in out]
+
+
+def as_executor(env: Any) -> Executor:
+    """Returns `env` if it is an Executor, else an Executor over an `envs.EnvPool`."""
+    return env if hasattr(env, "agent_name") else _wrap_pool(env)
 
 
 def _wrap_pool(pool: Any) -> Executor:
