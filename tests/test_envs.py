@@ -275,6 +275,31 @@ def _server_pids():
     return out
 
 
+def test_pool_one_worker_faults(catalog):
+    """1 worker process: a hang past the timeout, a crash and a killed server, each recorded; no orphans."""
+    before = set(_server_pids())
+    with EnvPool(catalog, num_workers=1, call_timeout_s=1.0) as pool:
+        a, f = pool.reset([EpisodeSpec(("notes", "jira"), seed=1), EpisodeSpec(("faulty",), seed=0)])
+        note = _ok(pool.step([(a, "create_note", {"title": "t", "body": "b"})])[0])
+        issue = _ok(pool.step([(a, "create_issue", {"summary": note["title"], "description": note["note_id"]})])[0])
+        got = _ok(pool.step([(a, "get_issue", {"issue_id": issue["issue_id"]})])[0])
+        assert got["description"] == note["note_id"]
+        assert pool.read_state(a)["jira"]["issue"][issue["issue_id"]]["summary"] == "t"
+        o = pool.step([(f, "block", {"seconds": 60}), (a, "get_note", {"note_id": note["note_id"]})])
+        assert [x.status for x in o] == ["timeout", "ok"] and pool.is_failed(f) and not pool.is_failed(a)
+        (f2,) = pool.reset([EpisodeSpec(("faulty",), seed=0)])
+        o = pool.step([(f2, "crash", {}), (a, "list_tags", {}), (f2, "echo", {"text": "x"})])
+        assert [x.status for x in o] == ["server_crashed", "ok", "server_crashed"] and pool.is_failed(f2)
+        os.kill(pool.server_pid(a, "notes"), signal.SIGKILL)
+        time.sleep(0.2)
+        assert pool.step([(a, "list_tags", {})])[0].status == "server_crashed" and pool.is_failed(a)
+        (a2,) = pool.reset([EpisodeSpec(("notes",), seed=1)])
+        assert _ok(pool.step([(a2, "list_tags", {})])[0])["tags"]
+    time.sleep(0.3)
+    assert set(_server_pids()) - before == set()
+
+
+@pytest.mark.slow
 def test_pool_workers_builtin_and_synth_and_faults(catalog):
     """2 worker processes, stdio servers: multi-step episodes, a crash, a hang, a kill; no orphans."""
     before = set(_server_pids())

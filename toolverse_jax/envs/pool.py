@@ -165,6 +165,10 @@ def _result_text(res) -> str:
     return text if len(text) <= _MAX_CONTENT_CHARS else text[:_MAX_CONTENT_CHARS] + "\n[truncated]"
 
 
+async def _no_validation(name, result) -> None:
+    return None
+
+
 class _Conn:
     """One MCP client session to one server (stdio subprocess, or in-process server object).
 
@@ -194,6 +198,9 @@ class _Conn:
                 if self.tag is not None:
                     transport = stdio_client(self.target, errlog=self.errlog)
                 async with Client(transport, cache=None) as c:
+                    # Results are not re-validated client side (it costs a tools/list per new tool
+                    # name and ~10% of a call); the pool's contract is the server's own output.
+                    c.session.validate_tool_result = _no_validation
                     self.client = c
                     ready.set_result(True)
                     await self._stop.wait()

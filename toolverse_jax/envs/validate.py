@@ -29,10 +29,18 @@ def _type_of(schema: dict) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _validator(schema_json: str):
+def _validator_for_json(schema_json: str):
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     return cls(schema)
+
+
+def _validator(schema: dict, _cache: dict = {}):  # noqa: B006 - process-wide cache keyed by identity
+    key = id(schema)
+    hit = _cache.get(key)
+    if hit is None or hit[0] is not schema:
+        hit = _cache[key] = (schema, _validator_for_json(json.dumps(schema, sort_keys=True)))
+    return hit[1]
 
 
 def check_arguments(tool: str, schema: dict | None, args: Any, max_bytes: int = MAX_ARGS_BYTES) -> dict:
@@ -52,7 +60,10 @@ def check_arguments(tool: str, schema: dict | None, args: Any, max_bytes: int = 
         extra = sorted(set(args) - set(props))
         if extra:
             raise InvalidCall(f"tool '{tool}': unknown argument '{extra[0]}'; expected one of {sorted(props)}")
-    err = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(args))
+    v = _validator(schema)
+    if v.is_valid(args):
+        return args
+    err = jsonschema.exceptions.best_match(v.iter_errors(args))
     if err is None:
         return args
     if err.validator == "required":

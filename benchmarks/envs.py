@@ -1,0 +1,85 @@
+"""Env pool throughput and per-call overhead: `python -m benchmarks.envs` prints one JSON line.
+
+Throughput: batched `pool.step` over many episodes on built-in servers (stdio subprocesses), with
+1 and 2 workers. Overhead: median latency of one call through the pool minus the median time of
+calling the same tool function in-process (same run, same arguments).
+"""
+
+import argparse
+import json
+import logging
+import statistics
+import time
+
+CALLS = [("mail", "list_folders", {}), ("bank", "get_balance", {"account_id": "acc_0001"}),
+         ("notes", "get_note", {"note_id": "nt_0001"}), ("contacts", "get_contact", {"contact_id": "ct_0001"})]
+
+
+def inprocess_call_s(reps: int = 2000) -> float:
+    """Returns the median seconds of calling the tool functions directly (state set, no MCP)."""
+    from toolverse_jax.envs.builtin import base
+    from toolverse_jax.envs.builtin.run import load_domain
+
+    times = []
+    for server, tool, args in CALLS:
+        d = load_domain(server)
+        fn = next(f for f in d.tools if f.__name__ == tool)
+        token = base._STATE.set(d.fresh_state(0))
+        try:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn(**args)
+            times.append((time.perf_counter() - t0) / reps)
+        finally:
+            base._STATE.reset(token)
+    return statistics.median(times)
+
+
+def pool_numbers(num_workers: int, episodes: int, rounds: int) -> dict:
+    from toolverse_jax.envs import Catalog, EnvPool, EpisodeSpec
+
+    cat = Catalog.default(kinds=("builtin",))
+    servers = tuple(sorted({c[0] for c in CALLS}))
+    with EnvPool(cat, num_workers=num_workers, call_timeout_s=30.0) as pool:
+        eps = pool.reset([EpisodeSpec(servers, seed=i) for i in range(episodes)])
+        batch = [(ep, CALLS[i % len(CALLS)][1], CALLS[i % len(CALLS)][2]) for i, ep in enumerate(eps)]
+        for _ in range(3):  # warm up every server and connection
+            obs = pool.step(batch)
+        assert all(o.status == "ok" for o in obs), [o.content for o in obs if o.status != "ok"][:2]
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            pool.step(batch)
+        dt = time.perf_counter() - t0
+        lat = []
+        for i in range(200):
+            server, tool, args = CALLS[i % len(CALLS)]
+            t1 = time.perf_counter()
+            pool.step([(eps[0], tool, args)])
+            lat.append(time.perf_counter() - t1)
+    return {"calls_per_s": rounds * len(batch) / dt, "latency_s": statistics.median(lat)}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--episodes", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=30)
+    a = p.parse_args(argv)
+    logging.disable(logging.WARNING)
+    base_s = inprocess_call_s()
+    one = pool_numbers(1, a.episodes, a.rounds)
+    two = pool_numbers(2, a.episodes, a.rounds)
+    print(json.dumps({
+        "benchmark": "envs_pool",
+        "servers": "builtin mail/bank/notes/contacts over stdio",
+        "episodes": a.episodes,
+        "calls_per_s_1_worker": round(one["calls_per_s"], 1),
+        "calls_per_s_2_workers": round(two["calls_per_s"], 1),
+        "inprocess_call_us": round(base_s * 1e6, 2),
+        "pool_call_latency_ms_1_worker": round(one["latency_s"] * 1e3, 3),
+        "overhead_per_call_ms": round((one["latency_s"] - base_s) * 1e3, 3),
+        "amortized_ms_per_call_2_workers": round(1e3 / two["calls_per_s"], 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()
