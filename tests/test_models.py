@@ -157,3 +157,17 @@ def test_moe_preset_fails_with_clear_message():
     cfg = get_preset("qwen3-30b-a3b").replace(num_layers=1, d_model=32, vocab_size=64)
     with pytest.raises(NotImplementedError, match="MoE"):
         init_params(cfg, jax.random.key(0))
+
+
+def test_logprobs_of_matches_log_softmax_of_logits():
+    from toolverse_jax.models import logprobs_of
+    cfg, params = _tiny()
+    tokens = jax.random.randint(jax.random.key(5), (2, 9), 0, cfg.vocab_size)
+    targets = jnp.roll(tokens, -1, axis=1)
+    mask = jnp.ones((2, 9)).at[1, 5:].set(0)
+    lp, ent = logprobs_of(params, cfg, tokens, targets, mask=mask, temperature=0.8)
+    full = jax.nn.log_softmax(logits(params, cfg, tokens) / 0.8, axis=-1)
+    ref = jnp.take_along_axis(full, targets[..., None], axis=-1)[..., 0] * mask
+    ref_ent = -jnp.sum(jnp.exp(full) * full, axis=-1) * mask
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(ref), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent), np.asarray(ref_ent), atol=1e-5)

@@ -14,7 +14,7 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 class ModelConfig:
     """Hyper-parameters of a Qwen3-style decoder (names follow HF `Qwen3Config` where they map)."""
 
-    vocab_size: int = 384
+    vocab_size: int = 320
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -78,7 +78,7 @@ _QWEN3_COMMON = dict(vocab_size=151_936, head_dim=128, rope_theta=1_000_000.0, r
 PRESETS: dict[str, ModelConfig] = {
     # Tests and the CPU quickstart: byte-level vocab (256 bytes + specials, padded).
     "tiny": ModelConfig(),
-    "small": ModelConfig(vocab_size=384, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2,
+    "small": ModelConfig(vocab_size=320, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2,
                          head_dim=32, mlp_dim=384),
     "qwen3-0.6b": ModelConfig(d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8,
                               mlp_dim=3072, tie_embeddings=True, **_QWEN3_COMMON),

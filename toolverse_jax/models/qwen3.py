@@ -248,3 +248,17 @@ def logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None) -
     hidden, _ = forward(params, cfg, tokens, positions, segment_ids)
     w = unembedding_matrix(params, cfg)
     return jnp.einsum("bld,dv->blv", hidden.astype(jnp.float32), w.astype(jnp.float32))
+
+
+def logprobs_of(params, cfg: ModelConfig, tokens, targets, positions=None, segment_ids=None,
+                mask=None, temperature: float = 1.0, backend: str = "auto"):
+    """Returns (logprob, entropy) [batch, length] of `targets` given `tokens`, never building
+    [tokens, vocab] logits (fused vocab-chunked kernel). mask: [batch, length], 0 -> output 0."""
+    from kernels import token_logprobs  # top-level package; imported lazily to keep deps one-way
+    hidden, _ = forward(params, cfg, tokens, positions, segment_ids)
+    b, l, d = hidden.shape
+    flat_mask = None if mask is None else mask.reshape(b * l)
+    lp, ent = token_logprobs(hidden.reshape(b * l, d), unembedding_matrix(params, cfg),
+                             targets.reshape(b * l), temperature=temperature, mask=flat_mask,
+                             backend=backend)
+    return lp.reshape(b, l), ent.reshape(b, l)
