@@ -46,6 +46,11 @@ def main() -> None:
         "dropped": m2["dropped"],
         "same_set_1_vs_2": [t.id for t in one["tasks"]] == [t.id for t in tasks],
         "startup_s_2proc": m2["startup_s"],
+        # share of generator-process time spent inside the env pool (MCP calls, resets)
+        "env_time_fraction": round(m1["generation_info"].get("env_ms", 0)
+                                   / max(m1["generation_info"].get("worker_ms", 1), 1), 3),
+        "env_ops_per_attempt": round(m1["generation_info"].get("env_ops", 0)
+                                     / max(m1["attempts"], 1), 1),
         "target_tasks_per_s": 20,
     }
     print(json.dumps(out))

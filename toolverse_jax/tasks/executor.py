@@ -11,6 +11,7 @@ lockstep and batches their requests, so one `EnvPool.step` carries the calls of 
 from __future__ import annotations
 
 import dataclasses
+import time
 import traceback
 from typing import Any, Generator, Iterable, Protocol, Sequence
 
@@ -78,6 +79,8 @@ class PoolExecutor:
                                  call_timeout_s=call_timeout_s)
         self._names: dict[str, dict[tuple[str, str], str]] = {}
         self._spec_cache: dict[str, list[dict]] = {}
+        self.env_s = 0.0   # wall time spent inside the env pool (reset/step/state/close)
+        self.env_ops = 0   # episodes reset + calls + state reads + episodes closed
 
     def __enter__(self) -> "PoolExecutor":
         enter = getattr(self.pool, "__enter__", None)
@@ -106,8 +109,16 @@ class PoolExecutor:
             out.extend((s, spec) for spec in sorted(self._spec_cache[s], key=lambda t: t["name"]))
         return out
 
+    def _timed(self, n: int, fn, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.env_s += time.perf_counter() - t
+            self.env_ops += n
+
     def reset(self, specs: Sequence[Any]) -> list[Any]:
-        eps = self.pool.reset(list(specs))
+        eps = self._timed(len(specs), self.pool.reset, list(specs))
         for ep in eps:
             names = {}
             for t in ep.tools:
@@ -121,16 +132,17 @@ class PoolExecutor:
     def step(self, calls: Sequence[tuple[Any, str, str, dict]]) -> list[CallResult]:
         if not calls:
             return []
-        obs = self.pool.step([(ep, self.agent_name(ep, s, t), args) for ep, s, t, args in calls])
+        obs = self._timed(len(calls), self.pool.step,
+                          [(ep, self.agent_name(ep, s, t), args) for ep, s, t, args in calls])
         return [CallResult(o.status, sch.parse_observation(o.content, o.structured), o.content)
                 for o in obs]
 
     def read_state(self, handle: Any) -> dict:
-        return self.pool.read_state(handle)
+        return self._timed(1, self.pool.read_state, handle)
 
     def close(self, handles: Sequence[Any]) -> None:
         if handles:
-            self.pool.close(list(handles))
+            self._timed(len(handles), self.pool.close, list(handles))
 
 
 def run_programs(executor: Executor, programs: Iterable[Program], max_concurrent: int = 32,

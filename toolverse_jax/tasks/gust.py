@@ -108,6 +108,8 @@ def _horizon_of(s: dict, index: int) -> int:
 def _run_chunk(indices: Sequence[int]) -> list[tuple[int, dict | None, str, dict]]:
     """Generates the tasks of `indices` in this worker; returns (index, task JSON, reason, info)."""
     s, ex, g = _WORKER["settings"], _WORKER["executor"], _WORKER["graph"]
+    env0 = (getattr(ex, "env_s", 0.0), getattr(ex, "env_ops", 0))
+    t0 = time.perf_counter()
     by_h: dict[int, list[int]] = collections.defaultdict(list)
     for i in indices:
         by_h[_horizon_of(s, i)].append(i)
@@ -120,7 +122,13 @@ def _run_chunk(indices: Sequence[int]) -> list[tuple[int, dict | None, str, dict
         for i, (task, reason, info) in zip(idx, res):
             out.append((i, task.to_json() if task is not None else None, reason,
                         {k: v for k, v in info.items() if isinstance(v, int)}))
-    return sorted(out, key=lambda r: r[0])
+    out.sort(key=lambda r: r[0])
+    if out:  # where the time went, charged to the chunk's first row
+        out[0][3].update(
+            worker_ms=int(1000 * (time.perf_counter() - t0)),
+            env_ms=int(1000 * (getattr(ex, "env_s", 0.0) - env0[0])),
+            env_ops=getattr(ex, "env_ops", 0) - env0[1])
+    return out
 
 
 def _ping(_: int) -> int:

@@ -84,4 +84,5 @@ def _wrap_pool(pool: Any) -> Executor:
     ex.catalog = getattr(pool, "catalog", None)
     ex._names = {}
     ex._spec_cache = {}
+    ex.env_s, ex.env_ops = 0.0, 0
     return ex
