@@ -144,6 +144,18 @@ def _pid_with_tag(tag: str) -> int | None:
     return None
 
 
+def _tag_of(pid: int) -> str | None:
+    prefix = f"{_TAG_VAR}=".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(prefix):
+                    return item[len(prefix):].decode()
+    except OSError:
+        pass
+    return None
+
+
 def _kill_group(pid: int | None) -> None:
     if not pid:
         return
@@ -274,6 +286,7 @@ class _WorkerCore:
         logging.getLogger("client").setLevel(logging.ERROR)  # mcp's "tool not listed" chatter
         self.errlog = open(os.path.join(root, f"servers-{os.getpid()}.log"), "a")
         self._starting: dict[str, asyncio.Future] = {}
+        self._tags: set[str] = set()  # env tags of the server processes this core started
 
     # -- servers
     def _tool_specs(self, server: str) -> dict[str, dict]:
@@ -307,6 +320,8 @@ class _WorkerCore:
 
     async def _start(self, e: ServerEntry, key: str, sandbox: str) -> _Conn:
         target, tag = self._target(e, sandbox)
+        if tag is not None:
+            self._tags.add(tag)
         conn = _Conn(key, target, self.errlog, tag)
         await conn.start(self.start_timeout_s)
         return conn
@@ -507,8 +522,9 @@ class _WorkerCore:
         conns = list(self.shared.values())
         self.shared.clear()
         await asyncio.gather(*(c.stop() for c in conns), return_exceptions=True)
-        for pid in _child_pids():
-            _kill_group(pid)
+        for pid in _child_pids():  # only our own servers: in-process mode shares the process
+            if _tag_of(pid) in self._tags:
+                _kill_group(pid)
         self.errlog.close()
 
 
