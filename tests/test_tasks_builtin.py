@@ -140,3 +140,16 @@ def test_builtin_two_processes_same_set_as_one():
     one, _ = generate_gust({**cfg, "num_processes": 1}, progress=False)
     two, _ = generate_gust({**cfg, "num_processes": 2}, progress=False)
     assert [t.id for t in one] == [t.id for t in two] and len(one) == 16
+
+
+@pytest.mark.slow
+def test_shipped_quickstart_file_is_what_the_code_generates():
+    from toolverse_jax.tasks.gust import (QUICKSTART_FILE, QUICKSTART_SETTINGS, generate_gust,
+                                          read_tasks)
+
+    cfg = {**QUICKSTART_SETTINGS, "num_processes": 0, "attempts_factor": 6.0}
+    tasks, _ = generate_gust(cfg, progress=False)
+    assert [t.to_json() for t in tasks] == [t.to_json() for t in read_tasks(QUICKSTART_FILE)], \
+        "regenerate: rm toolverse_jax/tasks/data/gust_quickstart.*; " \
+        "python -c 'from toolverse_jax.tasks import *; " \
+        "load_or_generate_quickstart_tasks(\"toolverse_jax/tasks/data\")'"

@@ -1,4 +1,4 @@
-"""GUST generation (processes, dedup, manifest), shards, grain source and splits, on the fake env."""
+"""GUST generation (processes, dedup, manifest), shards, grain source, splits (fake env)."""
 
 import json
 import os

@@ -257,7 +257,8 @@ def literal_value(p: dict, rng: random.Random) -> Any:
         if key == "date":
             return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
         if key == "datetime":
-            return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(8, 17):02d}:00:00"
+            day = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            return f"{day}T{rng.randint(8, 17):02d}:00:00"
         if words & sch.FREE_TEXT and not key.startswith("id:") and key != "email":
             a, b = rng.sample(_WORDS, 2)
             text = f"{a.capitalize()} {b} {rng.randint(1, 99)}"
@@ -693,20 +694,12 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
     if chosen is None:
         return None, "no_answer", dict(info)
     answer, verifier = chosen
-    names = {}
     text = ins.render_instruction(stages, verifier, servers)
     text = ins.apply_rewriter(text, cfg.rewriter)
     task = Task(id="", instruction=text, spec=spec, stages=stages, answer=answer,
-                verifier=verifier, meta={"seed": seed, **names})
+                verifier=verifier, meta={"seed": seed})
     task.id = "gust-" + task.chain_hash()[:16]
     return task, "ok", dict(info)
-
-
-def set_agent_names(task: Task, executor: Executor, handle: Any) -> None:
-    """Fills each GoldStep.name with the agent-facing tool name of the episode."""
-    for st in task.stages:
-        for s in st:
-            s.name = executor.agent_name(handle, s.server, s.tool)
 
 
 def dusa_generate(executor: Any, seeds: Sequence[int] | int, cfg: DusaConfig | None = None,

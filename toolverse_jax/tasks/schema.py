@@ -75,7 +75,7 @@ def singular(word: str) -> str:
 
 
 def tool_kind(tool: str) -> str:
-    """Returns the operation kind of a tool from its name: create/get/list/search/update/delete/action."""
+    """Returns the operation kind of a tool name: create|get|list|search|update|delete|action."""
     words = split_words(tool)
     for w in words[:2]:
         for kind, verbs in _VERBS.items():
@@ -251,7 +251,11 @@ def json_type(v: Any) -> str:
 
 
 def input_params(spec: dict) -> list[dict]:
-    """Returns the top-level input parameters of a tool spec: [{name, schema, type, key, required}]."""
+    """Returns the top-level input parameters of a tool spec.
+
+    Each is {name, schema, type, key, required, array}; a list of scalars (`to: [str]`) has the
+    item's type and schema with `array=True`.
+    """
     schema = resolve_refs(spec.get("inputSchema") or {})
     entity = tool_entity(spec["name"])
     required = set(schema.get("required") or [])
