@@ -364,3 +364,40 @@ def test_pool_garbage_collected_cleans_up(catalog):
     time.sleep(0.5)
     assert not any(p.is_alive() for p in procs)
     assert set(_server_pids()) - before == set()
+
+
+_CHILD = r"""
+import sys, time
+from toolverse_jax.envs import Catalog, EnvPool, EpisodeSpec
+if __name__ == "__main__":
+    with EnvPool(Catalog.default(kinds=("builtin",)), num_workers=1) as pool:
+        (ep,) = pool.reset([EpisodeSpec(("notes",), seed=0)])
+        print(pool.server_pid(ep, "notes"), pool._procs[0].pid, flush=True)
+        time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_orphans_when_trainer_interrupted_or_killed(tmp_path, sig):
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        server_pid, worker_pid = map(int, p.stdout.readline().split())
+        os.kill(server_pid, 0) or os.kill(worker_pid, 0)  # both alive
+        p.send_signal(sig)
+        p.wait(timeout=30)
+        deadline = time.time() + 10
+        alive = [server_pid, worker_pid]
+        while alive and time.time() < deadline:
+            alive = [q for q in alive if os.path.exists(f"/proc/{q}") and
+                     open(f"/proc/{q}/stat").read().split(") ", 1)[1][0] not in "ZX"]
+            time.sleep(0.1)
+        assert not alive, f"orphans after {sig!r}: {alive}"
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -209,7 +209,7 @@ class _Conn:
                 transport = self.target
                 if self.tag is not None:
                     transport = stdio_client(self.target, errlog=self.errlog)
-                async with Client(transport, cache=None) as c:
+                async with Client(transport, cache=None, mode=os.environ.get("TOOLVERSE_MCP_MODE", "auto")) as c:
                     # Results are not re-validated client side (it costs a tools/list per new tool
                     # name and ~10% of a call); the pool's contract is the server's own output.
                     c.session.validate_tool_result = _no_validation
