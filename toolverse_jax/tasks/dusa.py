@@ -48,6 +48,7 @@ class DusaConfig:
     chain_bonus: float = 3.0              # subgraph growth: weight per input fed by the subgraph
     max_tool_reuse: int = 3               # instances of one tool in a subgraph
     subgraph_slack: float = 1.5           # subgraph size = slack * H * (N + 1) / 2 (+ on demand)
+    update_optional: bool = True          # updates also set one optional field (stated)
     answer_kinds: tuple[str, ...] = ("exact", "set", "state")
     max_set_size: int = 8
     episode_seed_mod: int = 2**31 - 1
@@ -365,6 +366,19 @@ def _ground(ix: ToolIndex, t: str, done: list[_Done], index: StateIndex,
             sources[p["name"]] = {"from": "literal"}
             continue
         return None
+    if sch.tool_kind(t) == "update" and cfg.update_optional:
+        # an update that sets nothing changes nothing: set one stated optional field
+        opts = [p for p in ix.graph.nodes[t]["params"] if not p["required"]
+                and p["type"] in ("string", "integer", "number", "boolean")
+                and not p["key"].startswith(("id:", "name:")) and p["key"] != "email"]
+        if opts:
+            p = rng.choice(opts)
+            lit = literal_value(p, rng)
+            if lit is None and p["type"] == "string":
+                lit = f"{rng.choice(_WORDS).capitalize()} {rng.randint(1, 99)}"
+            if lit is not None and sch.validates(lit, p["schema"]):
+                args[p["name"]] = _wrap(p, lit)
+                sources[p["name"]] = {"from": "literal"}
     return args, sources
 
 
@@ -405,6 +419,12 @@ def answer_candidates(step: GoldStep, rng: random.Random, cfg: DusaConfig) -> li
         return out
     if isinstance(value, list):
         items = [x for x in value if isinstance(x, dict)]
+        if not items and 2 <= len(value) <= cfg.max_set_size and "set" in cfg.answer_kinds \
+                and all(isinstance(x, str) and ok_scalar(x) for x in value) \
+                and len(set(value)) == len(value):
+            out.append({"kind": "set", "values": list(value), "field": _join(prefix, "[]"),
+                        "w": 1.0})
+            return out
         if len(items) == 1:
             value, prefix = items[0], _join(prefix, "[]")
         elif 2 <= len(items) <= cfg.max_set_size and "set" in cfg.answer_kinds:
@@ -420,6 +440,15 @@ def answer_candidates(step: GoldStep, rng: random.Random, cfg: DusaConfig) -> li
             return out
         else:
             return out
+    if isinstance(value, dict):
+        lists = [k for k in sorted(value) if isinstance(value[k], list)]
+        if len(lists) == 1:
+            # {"accounts": [...], "count": n}: the list's fields are answers too
+            sub = GoldStep(step.server, step.tool, step.name, step.arguments, value[lists[0]])
+            for c in answer_candidates(sub, rng, cfg):
+                c["field"] = _join(_join(prefix, lists[0]), c["field"]) if c["field"] \
+                    else _join(prefix, lists[0])
+                out.append(c)
     if "exact" in cfg.answer_kinds and isinstance(value, dict):
         for k in sorted(value):
             x = value[k]
@@ -480,7 +509,7 @@ def state_checks(before: dict, after: dict, step: GoldStep) -> list[dict]:
     match = {k: best[k] for k in sorted(keys)
              if not (isinstance(best[k], str) and len(best[k]) > 200)}
     check = {"server": server, "match": match, "exists": exists}
-    if not match or check_state(check, before) == exists:
+    if not match or check_state(check, before):
         return []  # not discriminative: already true before the step
     return [check]
 

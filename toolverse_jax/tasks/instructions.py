@@ -76,6 +76,8 @@ def goal_phrase(verifier: dict, stages) -> str:
     field = src.get("field", "")
     leaf = field.rsplit(".", 1)[-1].replace("[]", "") or "result"
     ent = sch.tool_entity(step.tool)
+    if kind == "set" and field.endswith("[]"):
+        return f"Reply with all the {_words(leaf)} in the {tool_phrase(step.tool)} result."
     if kind == "set":
         return f"Reply with the {_words(leaf)} of every {_words(ent)} in that result."
     if leaf == "result":
