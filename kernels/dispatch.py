@@ -20,7 +20,7 @@ BACKENDS = ("auto", "chunked", "pallas", "pallas_interpret", "reference")
 # CPU: the per-chunk matmul [N, D] x [D, chunk] must stay big for BLAS to be efficient.
 # GPU (Triton): a chunk is one register/SMEM tile next to a whole-D row block; 128 keeps the
 # d-unembed accumulator [D, 128] f32 inside Triton's tile limits (untuned: no GPU was at hand).
-DEFAULT_CHUNK = {"chunked": 4096, "pallas": 128, "pallas_interpret": 2048}
+DEFAULT_CHUNK = {"chunked": 2048, "pallas": 128, "pallas_interpret": 2048}
 
 
 class Impl(NamedTuple):

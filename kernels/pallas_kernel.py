@@ -7,7 +7,8 @@ The wrapper pads N to the token block, V to the chunk and (for Triton) D to a po
 vocab columns are masked to a finite NEG so they add exactly zero, padded rows have zero
 cotangent. unembed is given as one whole-array block and sliced inside the loop: on GPU that is
 a pointer into HBM. (On TPU a whole-array block would be copied to VMEM; a TPU-tuned variant
-would put vocab on an "arbitrary" grid axis instead — not done here.)
+would put vocab on an "arbitrary" grid axis instead — not done here. Cross-lowering for TPU from
+a CPU host is refused by JAX: "Unsupported TPU device kind: cpu".)
 """
 
 from __future__ import annotations
