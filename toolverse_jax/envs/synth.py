@@ -606,7 +606,9 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python -m toolverse_jax.envs.synth MANIFEST.json")
-    build_server(argv[0]).run()
+    from toolverse_jax.envs.builtin.base import run_stdio
+
+    run_stdio(build_server(argv[0]))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     server = build_server(a.domain)
     server.episodes.states["default"] = server.domain.fresh_state(a.seed, a.sandbox)
-    server.run()
+    from toolverse_jax.envs.builtin.base import run_stdio
+
+    run_stdio(server)
 
 
 if __name__ == "__main__":
