@@ -247,3 +247,17 @@ def test_hand_made_chat_bpe(bpe):
     assert body == 'ok\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'
     assert bpe.decode(r.tokens[r.turn_starts[1]:r.turn_ends[1]]) == "done<|im_end|>"
     assert bpe.decode(r.tokens[:r.turn_starts[0]]).endswith("<|im_start|>assistant\n")
+
+
+def test_minimal_tool_format_lists_only_signatures():
+    from toolverse_jax.models.chat import render_chat
+    from toolverse_jax.models.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    tool = {"name": "get_order", "description": "Get an order.",
+            "inputSchema": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                            "required": ["order_id"]},
+            "outputSchema": {"type": "object", "properties": {"total": {"type": "number"}}}}
+    text = tok.decode(render_chat([{"role": "user", "content": "hi"}], tok, tools=[tool],
+                                  tool_format="minimal").tokens)
+    assert "get_order(order_id: string)\n" in text
+    assert "Get an order." not in text and "total" not in text

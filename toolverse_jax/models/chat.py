@@ -42,7 +42,7 @@ from toolverse_jax.models.tokenizer import Tokenizer
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ROLES = ("system", "user", "assistant", "tool")
-TOOL_FORMATS = ("json", "compact")
+TOOL_FORMATS = ("json", "compact", "minimal")
 
 _TOOLS_INTRO = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -131,8 +131,9 @@ def _schema_type(schema: Mapping[str, Any]) -> str:
     return str(t) if t else "any"
 
 
-def tool_spec_compact(tool: Mapping[str, Any]) -> str:
-    """Returns one line `name(param: type, opt?: type) -> fields: description` for a tool."""
+def tool_spec_compact(tool: Mapping[str, Any], minimal: bool = False) -> str:
+    """Returns one line `name(param: type, opt?: type) -> fields: description` for a tool
+    (minimal: just `name(param: type, ...)`, for tiny models with short contexts)."""
     fn = tool.get("function", tool)
     params = _params_schema(tool)
     required = set(params.get("required", ()))
@@ -141,6 +142,8 @@ def tool_spec_compact(tool: Mapping[str, Any]) -> str:
         for p, s in params.get("properties", {}).items()
     )
     line = f"{fn['name']}({args})"
+    if minimal:
+        return line
     out = fn.get("outputSchema") or {}
     fields = list(out.get("properties", {})) if isinstance(out, Mapping) else []
     if fields:
@@ -159,7 +162,7 @@ def _system_text(system: str | None, tools: Sequence[Mapping[str, Any]] | None,
     if tool_format == "json":
         specs = "".join("\n" + _tool_spec_json(t) for t in tools)
         return head + _TOOLS_INTRO + specs + _TOOLS_OUTRO
-    lines = "".join(tool_spec_compact(t) + "\n" for t in tools)
+    lines = "".join(tool_spec_compact(t, tool_format == "minimal") + "\n" for t in tools)
     return head + _COMPACT_INTRO + lines + _COMPACT_OUTRO
 
 

@@ -1,0 +1,82 @@
+"""CPU quickstart: tiny Qwen3-style model, byte tokenizer, built-in MCP servers, minutes.
+
+SFT warm-start on DUSA gold chains, then GRPO over live multi-turn rollouts, with held-out GUST
+evaluation. `python -m experiments.train --config configs/quickstart.py --workdir /tmp/qs`
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    c = ConfigDict()
+    c.seed = 0
+
+    c.model = ConfigDict()
+    c.model.preset = "small"
+    c.model.checkpoint = ""         # HF directory to start from instead of random init
+    c.model.tokenizer = "byte"      # "byte" | "qwen3" | a local HF tokenizer dir
+    c.model.dtype = "float32"
+    c.model.remat = False
+
+    c.mesh = ConfigDict()
+    c.mesh.shape = (-1, 1, 1)       # (data, fsdp, tensor); -1 takes the remaining devices
+    c.mesh.rollout_shape = ()       # () = rollout shares the actor mesh; else its own sub-mesh
+
+    c.tasks = ConfigDict()
+    c.tasks.source = "quickstart"   # "quickstart" (generated from built-in servers) | "gust"
+    c.tasks.path = ""               # GUST shard dir when source == "gust"
+    c.tasks.num_tasks = 600
+    c.tasks.horizons = (1,)
+    c.tasks.servers = ("calendar", "tickets", "notes", "shop")
+    c.tasks.split_by = "task"       # "task" | "toolset" | "server"
+    c.tasks.eval_fraction = 0.15
+    c.tasks.gen_seed = 0
+
+    c.env = ConfigDict()
+    c.env.num_workers = 1
+    c.env.call_timeout_s = 10.0
+
+    c.rollout = ConfigDict()
+    c.rollout.max_turns = 3
+    c.rollout.max_context = 1024
+    c.rollout.max_new_tokens = 80
+    c.rollout.tool_format = "minimal"
+    c.rollout.prompt_tools = "gold"
+    c.rollout.num_distractors = 2
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.max_observation_chars = 300
+
+    c.sft = ConfigDict()
+    c.sft.steps = 60
+    c.sft.batch_size = 16
+    c.sft.lr = 3e-3
+    c.sft.warmup_steps = 10
+
+    c.rl = ConfigDict()
+    c.rl.steps = 40
+    c.rl.tasks_per_step = 8
+    c.rl.group_size = 8
+    c.rl.advantage = "grpo"         # registered estimator: grpo | turn_aware | trace | ...
+    c.rl.adv = ConfigDict({"lam": 0.5, "gamma": 0.5, "eps": 1e-6})
+    c.rl.loss = "ppo_clip"
+    c.rl.clip_eps_low = 0.2
+    c.rl.clip_eps_high = 0.28
+    c.rl.kl_coef = 0.0
+    c.rl.entropy_coef = 0.0
+    c.rl.tis_cap = 2.0
+    c.rl.aggregation = "token_mean"
+    c.rl.lr = 5e-4
+    c.rl.warmup_steps = 2
+    c.rl.weight_decay = 0.0
+    c.rl.max_grad_norm = 1.0
+
+    c.train = ConfigDict()
+    c.train.num_micro = 1           # gradient accumulation micro-batches per step
+    c.train.eval_every = 10
+    c.train.eval_tasks = 48
+    c.train.checkpoint_every = 10
+    c.train.keep_checkpoints = 2
+    c.train.progress = True
+    return c

@@ -1,0 +1,343 @@
+"""The training run: SFT warm-start on gold chains, then RL over live MCP rollouts.
+
+Reads only the config. Writes WORKDIR/metrics.jsonl (one JSON object per logged step),
+tensorboard events, orbax checkpoints (resume = rerun the same command) and a learning-curve PNG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import ConfigDict
+
+from toolverse_jax.envs import Catalog, EnvPool, episode_tools
+from toolverse_jax.models import get_preset, init_params, load_hf_checkpoint, load_tokenizer
+from toolverse_jax.models.config import ModelConfig
+from toolverse_jax.rl.batching import compute_advantages, trajectory_rows
+from toolverse_jax.rl.checkpoint import RunCheckpointer
+from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
+                                      prompt_tool_specs, run_rollouts)
+from toolverse_jax.rl.trainer import (LossConfig, TrainBatch, init_train_state, make_optimizer,
+                                      make_train_step, pack_rows, score_jit)
+from toolverse_jax.sampling import SamplingParams
+from toolverse_jax.sharding import batch_sharding, make_mesh, shard_params, sharding_context
+from toolverse_jax.tasks import Task, load_or_generate_quickstart_tasks, read_tasks, split_tasks
+
+
+def build_model(config: ConfigDict, tokenizer) -> tuple[ModelConfig, Any]:
+    """Returns (ModelConfig, initial params) from an HF checkpoint or a preset."""
+    m = config.model
+    if m.checkpoint:
+        cfg, params = load_hf_checkpoint(m.checkpoint, dtype=jnp.dtype(m.dtype))
+        cfg = cfg.replace(remat=m.remat)
+    else:
+        cfg = get_preset(m.preset, dtype=m.dtype, param_dtype=m.dtype, remat=m.remat)
+        params = init_params(cfg, jax.random.key(config.seed))
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"tokenizer {m.tokenizer!r} has {tokenizer.vocab_size} ids but model vocab_size is "
+            f"{cfg.vocab_size}; pick a matching preset or tokenizer")
+    return cfg, params
+
+
+def load_tasks(config: ConfigDict, workdir: str) -> dict[str, list[Task]]:
+    """Returns {"train", "eval"} task lists."""
+    t = config.tasks
+    if t.source == "quickstart":
+        tasks = load_or_generate_quickstart_tasks(
+            os.path.join(workdir, "tasks"), num_tasks=t.num_tasks, horizons=tuple(t.horizons),
+            seed=t.gen_seed, servers=tuple(t.servers) if t.servers else None)
+    elif t.source == "gust":
+        if not t.path:
+            raise ValueError("config.tasks.path must name a GUST shard directory when "
+                             "config.tasks.source='gust'")
+        tasks = read_tasks(t.path)
+    else:
+        raise ValueError(f"config.tasks.source={t.source!r}; use 'quickstart' or 'gust'")
+    if t.split_by == "task":
+        order = np.random.default_rng(t.gen_seed).permutation(len(tasks))
+        n_eval = max(1, int(round(t.eval_fraction * len(tasks))))
+        return {"train": [tasks[i] for i in order[n_eval:]],
+                "eval": [tasks[i] for i in order[:n_eval]]}
+    splits = split_tasks(tasks, by=t.split_by, fractions=(1 - t.eval_fraction, 0.0,
+                                                           t.eval_fraction), seed=t.gen_seed)
+    return {"train": splits["train"], "eval": splits["test"]}
+
+
+def _rollout_config(config: ConfigDict) -> RolloutConfig:
+    r = config.rollout
+    return RolloutConfig(max_turns=r.max_turns, max_context=r.max_context,
+                         tool_format=r.tool_format, prompt_tools=r.prompt_tools,
+                         num_distractors=r.num_distractors,
+                         max_observation_chars=r.max_observation_chars)
+
+
+def _loss_config(config: ConfigDict, name: str) -> LossConfig:
+    r = config.rl
+    return LossConfig(name=name, clip_eps_low=r.clip_eps_low, clip_eps_high=r.clip_eps_high,
+                      kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, tis_cap=r.tis_cap,
+                      aggregation=r.aggregation,
+                      temperature=config.rollout.temperature if name != "sft" else 1.0)
+
+
+class MetricsLog:
+    """metrics.jsonl + tensorboard scalars; on resume, drops lines past the restored step."""
+
+    def __init__(self, workdir: str, resume_step: int | None):
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        if os.path.exists(self.path):
+            keep = []
+            with open(self.path) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut by a kill
+                    if resume_step is not None and rec.get("step", 0) <= resume_step:
+                        keep.append(line if line.endswith("\n") else line + "\n")
+            with open(self.path, "w") as f:
+                f.writelines(keep)
+        from tensorboardX import SummaryWriter
+        self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+
+    def write(self, step: int, metrics: dict) -> None:
+        rec = {"step": int(step)}
+        for k, v in metrics.items():
+            v = float(v) if isinstance(v, (np.floating, np.integer, jax.Array, float, int)) else v
+            rec[k] = v
+            if isinstance(v, float) and np.isfinite(v):
+                self.tb.add_scalar(k, v, step)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.tb.flush()
+
+    def records(self) -> list[dict]:
+        with open(self.path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def close(self) -> None:
+        self.tb.close()
+
+
+def rollout_metrics(trajs, prefix: str) -> dict[str, float]:
+    """Returns summary scalars of a batch of trajectories."""
+    statuses = [s for t in trajs for turn in t.turn_statuses for s in turn]
+    n_calls = max(len(statuses), 1)
+    valid = [t for t in trajs if not t.infra_failed]
+    out = {
+        f"{prefix}/success_rate": float(np.mean([t.success for t in valid])) if valid else 0.0,
+        f"{prefix}/reward": float(np.mean([t.reward for t in valid])) if valid else 0.0,
+        f"{prefix}/turns": float(np.mean([t.num_turns for t in trajs])),
+        f"{prefix}/answered": float(np.mean([t.finished for t in trajs])),
+        f"{prefix}/infra_failed": float(sum(t.infra_failed for t in trajs)),
+        f"{prefix}/policy_tokens": float(np.mean([sum(t.policy_mask) for t in trajs])),
+    }
+    for status in ("ok", "tool_error", "invalid_call", "timeout", "server_crashed", "truncated"):
+        out[f"{prefix}/rate_{status}"] = statuses.count(status) / n_calls
+    return out
+
+
+def plot_curve(records: list[dict], path: str) -> None:
+    """Writes a PNG of eval success rate and train reward against the step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ev = [(r["step"], r["eval/success_rate"]) for r in records if "eval/success_rate" in r]
+    tr = [(r["step"], r["rollout/success_rate"]) for r in records if "rollout/success_rate" in r]
+    if ev:
+        ax.plot(*zip(*ev), "o-", label="held-out success (greedy)")
+    if tr:
+        ax.plot(*zip(*tr), ".-", alpha=0.6, label="train rollout success (sampled)")
+    sft_end = [r["step"] for r in records if r.get("phase") == "sft"]
+    if sft_end:
+        ax.axvline(max(sft_end) + 0.5, color="gray", ls="--", lw=1, label="SFT -> RL")
+    ax.set_xlabel("update step")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _task_batch(ds, start: int, n: int) -> list[Task]:
+    return [ds[start + i] for i in range(n)]
+
+
+def run_training(config: ConfigDict, workdir: str) -> dict:
+    """Runs (or resumes) the configured training; returns the final summary dict."""
+    os.makedirs(workdir, exist_ok=True)
+    tokenizer = load_tokenizer(config.model.tokenizer)
+    cfg, params0 = build_model(config, tokenizer)
+    mesh = make_mesh(tuple(config.mesh.shape))
+    tasks = load_tasks(config, workdir)
+    if not tasks["train"] or not tasks["eval"]:
+        raise ValueError(f"task split is empty: {len(tasks['train'])} train, "
+                         f"{len(tasks['eval'])} eval; raise config.tasks.num_tasks")
+    train_ds = grain.MapDataset.source(tasks["train"]).shuffle(seed=config.seed).repeat()
+    eval_tasks = tasks["eval"][:config.train.eval_tasks]
+    rcfg = _rollout_config(config)
+    stop_ids = tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"]))
+    sampling = SamplingParams(max_new_tokens=config.rollout.max_new_tokens,
+                              temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                              top_k=config.rollout.top_k, stop_token_ids=stop_ids,
+                              pad_id=tokenizer.pad_id)
+    greedy = dataclasses.replace(sampling, temperature=0.0, top_k=0, top_p=1.0)
+    sft_steps, rl_steps = config.sft.steps, config.rl.steps
+    total = sft_steps + rl_steps
+    sft_opt = make_optimizer(config.sft.lr, config.sft.warmup_steps, max(sft_steps, 1))
+    rl_opt = make_optimizer(config.rl.lr, config.rl.warmup_steps, max(rl_steps, 1),
+                            weight_decay=config.rl.weight_decay,
+                            max_grad_norm=config.rl.max_grad_norm)
+    num_micro = config.train.num_micro
+
+    with sharding_context(mesh):
+        params0 = shard_params(params0, cfg, mesh)
+        state = init_train_state(params0, sft_opt if sft_steps else rl_opt)
+        ref_params = None
+        ckpt = RunCheckpointer(workdir, keep=config.train.keep_checkpoints)
+        expect = {"model_config": dataclasses.asdict(cfg), "sft_steps": sft_steps,
+                  "seed": config.seed}
+        start = 0
+        latest = ckpt.latest_step()
+        if latest is not None:
+            state, ref_params, meta = ckpt.restore(latest, state, params0, expect)
+            start = meta["global_step"]
+            print(f"resumed from {ckpt.directory}/{latest} at step {start}", flush=True)
+        log = MetricsLog(workdir, start if latest is not None else None)
+        sft_step_fn = make_train_step(cfg, _loss_config(config, "sft"), sft_opt, num_micro)
+        rl_step_fn = make_train_step(cfg, _loss_config(config, config.rl.loss), rl_opt, num_micro)
+        catalog = Catalog.default(kinds=("builtin",))
+        tool_cache: dict[tuple, list[dict]] = {}
+
+        def shard_batch(batch: TrainBatch) -> TrainBatch:
+            return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim)), batch)
+
+        def evaluate(params, pool, step: int) -> dict:
+            t0 = time.time()
+            policy = SamplerPolicy(params, cfg, greedy)
+            trajs = run_rollouts(policy, eval_tasks, 1, pool, tokenizer, rcfg,
+                                 jax.random.key(0), seed=10_000)
+            m = rollout_metrics(trajs, "eval")
+            m["eval/time_s"] = time.time() - t0
+            return m
+
+        def sft_rows(step: int) -> list[dict]:
+            rows = []
+            batch = _task_batch(train_ds, step * config.sft.batch_size, config.sft.batch_size)
+            rng = np.random.default_rng([config.seed, step])
+            for task in batch:
+                key = task.servers
+                if key not in tool_cache:
+                    tool_cache[key] = episode_tools(catalog, task.servers)[0]
+                tools = prompt_tool_specs(task, tool_cache[key], rcfg, rng)
+                toks, mask, _ = gold_demonstration(task, tools, tokenizer, rcfg)
+                if len(toks) > rcfg.max_context:
+                    continue
+                rows.append({"tokens": toks, "policy_mask": mask,
+                             "advantages": np.ones(len(toks), np.float32),
+                             "sample_logprobs": np.zeros(len(toks), np.float32)})
+            if not rows:
+                raise ValueError("no SFT demonstration fits config.rollout.max_context="
+                                 f"{rcfg.max_context}; raise it")
+            return rows
+
+        summary: dict[str, Any] = {}
+        pbar = None
+        if config.train.progress:
+            from tqdm import tqdm
+            pbar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
+        with EnvPool(catalog, num_workers=config.env.num_workers,
+                     call_timeout_s=config.env.call_timeout_s) as pool:
+            if start == 0 and config.train.eval_every > 0:
+                log.write(0, {**evaluate(state.params, pool, 0), "phase": "init"})
+            for step in range(start, total):
+                t0 = time.time()
+                if step < sft_steps:
+                    batch = shard_batch(pack_rows(sft_rows(step), tokenizer.pad_id, num_micro))
+                    state, m = sft_step_fn(state, batch)
+                    metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+                    metrics["phase"] = "sft"
+                    metrics["time/update_s"] = time.time() - t0
+                else:
+                    if step == sft_steps and ref_params is None:
+                        # The warm-started policy is the frozen reference (KL, TRACE) and the
+                        # RL optimizer starts fresh.
+                        ref_params = jax.tree.map(jnp.copy, state.params)
+                        state = init_train_state(state.params, rl_opt)
+                    rl_step = step - sft_steps
+                    tasks_now = _task_batch(train_ds, rl_step * config.rl.tasks_per_step,
+                                            config.rl.tasks_per_step)
+                    key = jax.random.fold_in(jax.random.key(config.seed), step)
+                    policy = SamplerPolicy(state.params, cfg, sampling)
+                    trajs = run_rollouts(policy, tasks_now, config.rl.group_size, pool,
+                                         tokenizer, rcfg, key, seed=config.seed * 1_000_003 + step)
+                    t_roll = time.time() - t0
+                    turn_adv = compute_advantages(trajs, config.rl.advantage,
+                                                  dict(config.rl.adv), rcfg.max_turns + 1)
+                    rows = trajectory_rows(trajs, turn_adv)
+                    metrics = rollout_metrics(trajs, "rollout")
+                    metrics["phase"] = "rl"
+                    if rows:
+                        t1 = time.time()
+                        batch = pack_rows(rows, tokenizer.pad_id, num_micro)
+                        batch = shard_batch(batch)
+                        old_lp, _ = score_jit(state.params, batch, cfg=cfg,
+                                              temperature=config.rollout.temperature)
+                        ref_lp, _ = score_jit(ref_params, batch, cfg=cfg,
+                                              temperature=config.rollout.temperature)
+                        batch = batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp)
+                        jax.block_until_ready(batch)
+                        t2 = time.time()
+                        state, m = rl_step_fn(state, batch)
+                        metrics.update({k: float(v) for k, v in jax.device_get(m).items()})
+                        metrics["time/scoring_s"] = t2 - t1
+                        metrics["time/update_s"] = time.time() - t2
+                    sampled = sum(sum(t.policy_mask) for t in trajs)
+                    metrics["time/rollout_s"] = t_roll
+                    metrics["rollout/tokens_per_s"] = sampled / max(t_roll, 1e-9)
+                    metrics["rollout/num_adv_nonzero"] = float(np.sum(np.abs(turn_adv) > 1e-8))
+                done = step + 1
+                metrics["time/step_s"] = time.time() - t0
+                last = done == total
+                rl_done = done - sft_steps
+                if config.train.eval_every > 0 and (
+                        last or done == sft_steps or
+                        (rl_done > 0 and rl_done % config.train.eval_every == 0)):
+                    metrics.update(evaluate(state.params, pool, done))
+                log.write(done, metrics)
+                if last or done % config.train.checkpoint_every == 0 or done == sft_steps:
+                    ckpt.save(done, state, ref_params,
+                              {**expect, "global_step": done, "has_ref": ref_params is not None,
+                               "data_index": {"sft": min(done, sft_steps) * config.sft.batch_size,
+                                              "rl": max(done - sft_steps, 0) *
+                                              config.rl.tasks_per_step}})
+                if pbar is not None:
+                    pbar.update(1)
+                    shown = {k.split("/")[-1]: round(v, 3) for k, v in metrics.items()
+                             if k in ("loss", "rollout/success_rate", "eval/success_rate")}
+                    pbar.set_postfix(shown)
+                summary = metrics
+        if pbar is not None:
+            pbar.close()
+        records = log.records()
+        log.close()
+        ckpt.close()
+    plot_curve(records, os.path.join(workdir, "learning_curve.png"))
+    evals = [(r["step"], r["eval/success_rate"]) for r in records if "eval/success_rate" in r]
+    summary = {"final_step": total, "eval_curve": evals,
+               "warm_start_success": next((v for s, v in evals if s == sft_steps), None),
+               "final_success": evals[-1][1] if evals else None}
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary

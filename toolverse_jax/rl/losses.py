@@ -1,0 +1,105 @@
+"""Policy losses (registered by name): PPO-clip with asymmetric clipping, k3 KL to the frozen
+reference, truncated importance sampling against the sampler; and the SFT warm-start loss.
+
+Every loss is a pure function (logprobs [B, L], entropy [B, L], batch, cfg) -> (loss, metrics),
+aggregated over `batch.loss_mask` (token-mean by default, or sequence-mean)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class TrainBatch(NamedTuple):
+    """Padded, right-aligned training rows. All [B, L]; targets[t] = tokens[t + 1]."""
+
+    tokens: jax.Array          # int32 input ids
+    targets: jax.Array         # int32 next-token ids
+    segment_ids: jax.Array     # int32, 1 = real token, 0 = padding
+    positions: jax.Array       # int32 RoPE positions
+    loss_mask: jax.Array       # float32, 1 where the target is a policy-produced token
+    advantages: jax.Array      # float32 per-token advantage
+    sample_logprobs: jax.Array  # float32 log-prob of the target under the sampler
+    old_logprobs: jax.Array    # float32 log-prob under the trainer's params before the update
+    ref_logprobs: jax.Array    # float32 log-prob under the frozen reference
+
+
+_LOSSES: dict[str, Callable] = {}
+
+
+def register_loss(name: str):
+    def deco(fn):
+        if name in _LOSSES:
+            raise ValueError(f"policy loss {name!r} is registered twice")
+        _LOSSES[name] = fn
+        return fn
+    return deco
+
+
+def get_loss(name: str) -> Callable:
+    if name not in _LOSSES:
+        raise KeyError(f"unknown policy loss {name!r}; registered: {sorted(_LOSSES)}")
+    return _LOSSES[name]
+
+
+def aggregate(x: jax.Array, mask: jax.Array, mode: str = "token_mean") -> jax.Array:
+    """Returns the masked mean of x [B, L]: over all tokens, or per sequence then over sequences."""
+    if mode == "token_mean":
+        return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    if mode == "seq_mean":
+        per = jnp.sum(x * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+        has = (jnp.sum(mask, axis=1) > 0).astype(x.dtype)
+        return jnp.sum(per * has) / jnp.maximum(jnp.sum(has), 1.0)
+    raise ValueError(f"loss aggregation {mode!r}; use 'token_mean' or 'seq_mean'")
+
+
+def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """Returns the k3 estimator of KL(pi || ref) per token: exp(r) - r - 1, r = ref - lp."""
+    r = ref_logprobs - logprobs
+    return jnp.exp(r) - r - 1.0
+
+
+def _mask_stats(x, mask):
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+    return jnp.sum(x * mask) / n, jnp.max(jnp.where(mask > 0, x, -jnp.inf))
+
+
+@register_loss("ppo_clip")
+def ppo_clip(logprobs, entropy, batch: TrainBatch, cfg: Any):
+    """Returns (loss, metrics) of PPO-clip; ratio pi_theta / pi_old on each policy token."""
+    mask = batch.loss_mask
+    log_ratio = logprobs - batch.old_logprobs
+    ratio = jnp.exp(log_ratio)
+    adv = batch.advantages
+    clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
+    per_token = -jnp.minimum(ratio * adv, clipped * adv)
+    # Truncated importance sampling: the trainer's old log-probs and the sampler's differ
+    # (numerics, bf16, kernels); weight by the capped ratio old/sampler to correct for it.
+    if cfg.tis_cap > 0:
+        w = jnp.minimum(jnp.exp(batch.old_logprobs - batch.sample_logprobs), cfg.tis_cap)
+        per_token = per_token * jax.lax.stop_gradient(w)
+    loss = aggregate(per_token, mask, cfg.aggregation)
+    kl = kl_k3(logprobs, batch.ref_logprobs)
+    kl_mean = aggregate(kl, mask, cfg.aggregation)
+    if cfg.kl_coef > 0:
+        loss = loss + cfg.kl_coef * kl_mean
+    if cfg.entropy_coef > 0:
+        loss = loss - cfg.entropy_coef * aggregate(entropy, mask, cfg.aggregation)
+    clip_frac = aggregate((jnp.abs(ratio - clipped) > 1e-6).astype(jnp.float32), mask)
+    diff = jnp.abs(batch.old_logprobs - batch.sample_logprobs)
+    diff_mean, diff_max = _mask_stats(diff, mask)
+    return loss, {
+        "pg_loss": aggregate(per_token, mask, cfg.aggregation), "kl": kl_mean,
+        "clip_frac": clip_frac, "entropy": aggregate(entropy, mask),
+        "approx_kl_old": aggregate(0.5 * log_ratio ** 2, mask),
+        "logprob_diff_mean": diff_mean, "logprob_diff_max": diff_max,
+    }
+
+
+@register_loss("sft")
+def sft(logprobs, entropy, batch: TrainBatch, cfg: Any):
+    """Returns (loss, metrics): negative log-likelihood of the policy tokens (gold chains)."""
+    nll = aggregate(-logprobs, batch.loss_mask, cfg.aggregation)
+    return nll, {"nll": nll, "entropy": aggregate(entropy, batch.loss_mask)}

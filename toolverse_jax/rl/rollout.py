@@ -1,0 +1,263 @@
+"""Batched multi-turn agent rollouts over MCP environments, token in / token out.
+
+Every rollout's sequence is built by appending ids: the rendered prompt, the ids the sampler
+produced (policy tokens, with their sampling log-probs), the rendered tool responses (env tokens),
+and so on. Nothing is ever re-tokenized, so the trainer scores exactly the sampled ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from toolverse_jax.envs import EnvPool, Episode
+from toolverse_jax.models.chat import (render_assistant, render_chat, render_prompt,
+                                       render_tool_responses)
+from toolverse_jax.models.config import ModelConfig
+from toolverse_jax.models.toolcall import parse_tool_calls_lenient
+from toolverse_jax.sampling import SampleOutput, SamplingParams, generate
+from toolverse_jax.tasks import Task
+from toolverse_jax.tasks.task import values_equal
+
+DEFAULT_SYSTEM = ("Use the tools. Finish with <answer>...</answer>.")
+
+
+class Policy(Protocol):
+    """Anything that continues a batch of token-id prompts (our sampler, a scripted test policy)."""
+
+    def __call__(self, prompts: Sequence[Sequence[int]], rng: jax.Array) -> SampleOutput: ...
+
+
+@dataclasses.dataclass
+class SamplerPolicy:
+    """Policy backed by the jitted KV-cache sampler on a params pytree."""
+
+    params: Any
+    cfg: ModelConfig
+    sampling: SamplingParams
+
+    def __call__(self, prompts, rng):
+        return generate(self.params, self.cfg, prompts, self.sampling, rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int = 4
+    max_context: int = 2048          # a rollout whose context would exceed this ends
+    tool_format: str = "compact"     # "json" (Qwen3's) or "compact" (short, for tiny models)
+    # Which tools the prompt lists: "all" of the episode's servers, or "gold" (the task's gold
+    # tools plus `num_distractors` others of its servers): a curriculum knob for tiny models.
+    prompt_tools: str = "all"
+    num_distractors: int = 2
+    system_prompt: str = DEFAULT_SYSTEM
+    max_observation_chars: int = 600  # long tool outputs are cut (and say so) to bound context
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One rollout. tokens/policy_mask/sample_logprobs/token_turn are aligned, length = len(tokens).
+    token_turn: assistant-turn index of each policy token, -1 elsewhere."""
+
+    task_id: str
+    group_id: int
+    tokens: list[int]
+    policy_mask: list[bool]
+    sample_logprobs: list[float]
+    token_turn: list[int]
+    prompt_len: int
+    turn_calls: list[list[dict]] = dataclasses.field(default_factory=list)
+    turn_statuses: list[list[str]] = dataclasses.field(default_factory=list)
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)  # TARA r_{i,t}
+    final_answer: str | None = None
+    finished: bool = False           # ended by an answer (not by turn/length limits)
+    success: bool = False
+    reward: float = 0.0
+    infra_failed: bool = False       # a server crashed: excluded from group statistics
+    end_reason: str = ""
+    final_turn_is_answer: bool = False
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_calls) + (1 if self.final_turn_is_answer else 0)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _calls_cover(gold: Sequence[Any], calls: Sequence[dict]) -> bool:
+    """Returns whether every gold call (name + arguments, order free) appears among `calls`."""
+    remaining = list(calls)
+    for step in gold:
+        for j, c in enumerate(remaining):
+            if c["name"] == step.name and _args_equal(step.arguments, c["arguments"]):
+                remaining.pop(j)
+                break
+        else:
+            return False
+    return True
+
+
+def _args_equal(gold: dict, got: dict) -> bool:
+    if set(gold) != set(got):
+        return False
+    return all(json.dumps(gold[k], sort_keys=True) == json.dumps(got[k], sort_keys=True)
+               or values_equal(gold[k], got[k]) for k in gold)
+
+
+def prompt_tool_specs(task: Task, episode_tools: list[dict], cfg: RolloutConfig,
+                      rng: np.random.Generator) -> list[dict]:
+    """Returns the tool specs the prompt lists (see RolloutConfig.prompt_tools)."""
+    if cfg.prompt_tools == "all":
+        return episode_tools
+    if cfg.prompt_tools != "gold":
+        raise ValueError(f"RolloutConfig.prompt_tools={cfg.prompt_tools!r}; use 'all' or 'gold'")
+    gold = {s.name for st in task.stages for s in st}
+    others = [t for t in episode_tools if t["name"] not in gold]
+    picked = set(gold)
+    if others:
+        idx = rng.choice(len(others), size=min(cfg.num_distractors, len(others)), replace=False)
+        picked |= {others[i]["name"] for i in idx}
+    return [t for t in episode_tools if t["name"] in picked]  # catalog order, not gold order
+
+
+def task_messages(task: Task, cfg: RolloutConfig) -> list[dict]:
+    return [{"role": "system", "content": cfg.system_prompt},
+            {"role": "user", "content": task.instruction}]
+
+
+def _answer_text(task: Task) -> str:
+    v = task.verifier
+    if v["kind"] == "exact":
+        return str(v["value"])
+    if v["kind"] == "set":
+        return ", ".join(str(x) for x in v["values"])
+    return "done"
+
+
+def gold_demonstration(task: Task, tools: list[dict], tokenizer, cfg: RolloutConfig):
+    """Returns the rendered gold chain (SFT warm-start target): tokens, policy mask, token_turn."""
+    messages = task_messages(task, cfg)
+    for stage in task.stages:
+        messages.append({"role": "assistant", "content": "",
+                         "tool_calls": [{"name": s.name, "arguments": s.arguments} for s in stage]})
+        for s in stage:
+            messages.append({"role": "tool", "content": _observation_text(s.observation, cfg)})
+    messages.append({"role": "assistant", "content": f"<answer>{_answer_text(task)}</answer>"})
+    r = render_chat(messages, tokenizer, tools=tools, tool_format=cfg.tool_format)
+    token_turn = [-1] * len(r.tokens)
+    for t, (a, b) in enumerate(zip(r.turn_starts, r.turn_ends)):
+        for j in range(a, b):
+            token_turn[j] = t
+    return r.tokens, r.policy_mask, token_turn
+
+
+def _observation_text(obs: Any, cfg: RolloutConfig) -> str:
+    text = obs if isinstance(obs, str) else json.dumps(obs, ensure_ascii=False, sort_keys=True)
+    if len(text) > cfg.max_observation_chars:
+        text = text[:cfg.max_observation_chars] + f"... [truncated {len(text)} chars]"
+    return text
+
+
+def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: EnvPool,
+                 tokenizer, cfg: RolloutConfig, rng: jax.Array, seed: int = 0,
+                 group_offset: int = 0) -> list[Trajectory]:
+    """Returns len(tasks) * group_size trajectories; rollouts of one task share a group id and
+    start from identical environment state (same episode seed)."""
+    np_rng = np.random.default_rng(seed)
+    specs, owners = [], []
+    for gi, task in enumerate(tasks):
+        for _ in range(group_size):
+            specs.append(task.spec)
+            owners.append((gi, task))
+    episodes: list[Episode] = pool.reset(specs)
+    trajs: list[Trajectory] = []
+    task_tools: dict[int, list[dict]] = {}
+    for (gi, task), ep in zip(owners, episodes):
+        if gi not in task_tools:  # the same listed tools for every rollout in a group
+            task_tools[gi] = prompt_tool_specs(task, ep.tools, cfg, np_rng)
+        prompt = render_prompt(task_messages(task, cfg), tokenizer, task_tools[gi], cfg.tool_format)
+        trajs.append(Trajectory(task.id, group_offset + gi, list(prompt), [False] * len(prompt),
+                                [0.0] * len(prompt), [-1] * len(prompt), len(prompt)))
+    active = [i for i in range(len(trajs))]
+    try:
+        for turn in range(cfg.max_turns):
+            if not active:
+                break
+            rng, key = jax.random.split(rng)
+            out = policy([trajs[i].tokens for i in active], key)
+            calls_batch, owners_batch = [], []
+            still = []
+            for row, i in enumerate(active):
+                tr, task = trajs[i], owners[i][1]
+                n = int(out.lengths[row])
+                gen = [int(t) for t in out.tokens[row, :n]]
+                tr.tokens += gen
+                tr.policy_mask += [True] * n
+                tr.sample_logprobs += [float(x) for x in out.logprobs[row, :n]]
+                tr.token_turn += [turn] * n
+                parsed = parse_tool_calls_lenient(tokenizer.decode(gen))
+                calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
+                if not bool(out.stopped[row]):
+                    tr.end_reason = "max_new_tokens"
+                    tr.turn_calls.append(calls)
+                    tr.turn_statuses.append(["truncated"])
+                    continue
+                if not calls and not parsed.errors:
+                    tr.final_answer = parsed.final_answer if parsed.final_answer is not None \
+                        else parsed.content.strip()
+                    tr.finished, tr.final_turn_is_answer, tr.end_reason = True, True, "answer"
+                    continue
+                tr.turn_calls.append(calls)
+                tr.turn_statuses.append([])
+                stage = task.stages[turn] if turn < len(task.stages) else []
+                tr.turn_rewards.append(float(bool(stage) and _calls_cover(stage, calls)))
+                responses = [f"invalid tool call: {e}" for e in parsed.errors]
+                tr.turn_statuses[-1] += ["invalid_call"] * len(parsed.errors)
+                for c in calls:
+                    calls_batch.append((episodes[i], c["name"], c["arguments"]))
+                    owners_batch.append(i)
+                tr._pending = responses  # filled with call results below, in call order
+                still.append(i)
+            if calls_batch:
+                results = pool.step(calls_batch)
+                for i, obs in zip(owners_batch, results):
+                    trajs[i]._pending.append(obs.content)
+                    trajs[i].turn_statuses[-1].append(obs.status)
+                    if obs.status == "server_crashed":
+                        trajs[i].infra_failed = True
+            next_active = []
+            for i in still:
+                tr = trajs[i]
+                if tr.infra_failed:
+                    tr.end_reason = "server_crashed"
+                    continue
+                obs_text = [_observation_text(c, cfg) for c in tr._pending]
+                del tr._pending
+                env_ids = render_tool_responses(obs_text, tokenizer)
+                if len(tr.tokens) + len(env_ids) >= cfg.max_context:
+                    tr.end_reason = "max_context"
+                    continue
+                tr.tokens += env_ids
+                tr.policy_mask += [False] * len(env_ids)
+                tr.sample_logprobs += [0.0] * len(env_ids)
+                tr.token_turn += [-1] * len(env_ids)
+                next_active.append(i)
+            active = next_active
+        for i in active:
+            trajs[i].end_reason = "max_turns"
+        for tr, ep, (_, task) in zip(trajs, episodes, owners):
+            if pool.is_failed(ep):
+                tr.infra_failed = True
+            if tr.infra_failed:
+                continue
+            state = pool.read_state(ep) if task.verifier["kind"] == "state" else None
+            tr.success = bool(task.check(tr.final_answer, state)) if (
+                tr.finished or task.verifier["kind"] == "state") else False
+            tr.reward = float(tr.success)
+    finally:
+        pool.close(episodes)
+    return trajs
