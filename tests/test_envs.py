@@ -438,3 +438,14 @@ def test_builtin_outputs_match_output_schema(catalog, local_pool):
                 checked += 1
         local_pool.close([ep])
     assert checked >= 60, checked  # of 75 tools; the rest need ids a blind call cannot know
+
+
+def test_missing_third_party_marked_unavailable(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLVERSE_MCP_SERVERS", str(tmp_path))  # an empty install folder
+    cat = Catalog.default(kinds=("third_party",))
+    fs = cat.entry("filesystem")
+    assert not fs.available and "not installed" in fs.reason and "install_servers" in fs.reason
+    assert cat.list_tools("filesystem")  # the harvested manifest is still listed
+    with EnvPool(cat, num_workers=0) as pool:
+        with pytest.raises(ValueError, match="filesystem.*unavailable"):
+            pool.reset([EpisodeSpec(("filesystem",))])
