@@ -27,4 +27,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.refine_warmup = 0                 # unverified warm-up tasks per worker that refine the
                                         # tool graph with observed outputs (0: off)
     c.executor_factory = config_dict.placeholder(str)  # "module:fn" -> Executor (tests)
+    c.worker_start_timeout_s = 300.0    # fail (not hang) if generator workers cannot start
     return c

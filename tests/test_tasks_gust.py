@@ -128,3 +128,9 @@ def test_refine_warmup_runs_and_keeps_determinism():
     b, _ = generate_gust(_cfg(num_tasks=8, refine_warmup=6), progress=False)
     assert [t.id for t in a] == [t.id for t in b] and len(a) == 8
     assert "graph_dropped" in ma["generation_info"]
+
+
+def test_workers_that_cannot_start_fail_instead_of_hanging():
+    with pytest.raises(RuntimeError, match="did not start"):
+        generate_gust(_cfg(num_processes=1, executor_factory="no_such_module_xyz:make",
+                           worker_start_timeout_s=4.0), progress=False)

@@ -43,6 +43,7 @@ def default_config() -> dict:
         "verify": True,
         "refine_warmup": 0,         # tasks run (unverified) per worker to refine the graph
         "executor_factory": None,   # "module:function" returning an Executor (tests, fakes)
+        "worker_start_timeout_s": 300.0,
     }
 
 
@@ -211,7 +212,17 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
             # tasks_per_s measures generation, and startup_s is reported apart
             pids: set = set()
             for _ in range(20):
-                pids |= set(pool.map(_ping, range(nproc), chunksize=1))
+                try:
+                    got = pool.map_async(_ping, range(nproc), chunksize=1).get(
+                        s["worker_start_timeout_s"])
+                except mp.TimeoutError:
+                    raise RuntimeError(
+                        f"GUST generator workers did not start within "
+                        f"{s['worker_start_timeout_s']} s (a worker that dies at import or "
+                        "in its initializer is restarted forever by multiprocessing; run with "
+                        "num_processes=0 to see the error, and run scripts from a file, not "
+                        "stdin, since spawn re-imports __main__)") from None
+                pids |= set(got)
                 if len(pids) >= nproc:
                     break
             startup = time.time() - t0
