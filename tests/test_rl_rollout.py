@@ -1,0 +1,131 @@
+"""Rollout engine with a scripted policy against real built-in MCP servers; batching."""
+
+import jax
+import numpy as np
+import pytest
+
+from toolverse_jax.envs import Catalog, EnvPool
+from toolverse_jax.models import ByteTokenizer
+from toolverse_jax.models.chat import render_tool_call
+from toolverse_jax.rl.batching import compute_advantages, trajectory_rows, turn_arrays
+from toolverse_jax.rl.rollout import RolloutConfig, run_rollouts
+from toolverse_jax.rl.trainer import pack_rows
+from toolverse_jax.sampling import SampleOutput
+from toolverse_jax.tasks import load_or_generate_quickstart_tasks
+
+TOK = ByteTokenizer()
+END = "<|im_end|>"
+
+
+class ScriptedPolicy:
+    """Returns, for each prompt, the next text of its script (keyed by the prompt's first-turn
+    prefix order in the batch); records the prompts it saw."""
+
+    def __init__(self, scripts):
+        self.scripts = scripts  # list (one per rollout) of lists of turn texts
+        self.turn = 0
+        self.seen = []
+
+    def __call__(self, prompts, rng):
+        self.seen.append([list(p) for p in prompts])
+        rows = [s[self.turn] if self.turn < len(s) else "<answer>x</answer>" + END
+                for s in self.active_scripts(len(prompts))]
+        self.turn += 1
+        ids = [TOK.encode(t) for t in rows]
+        n = max(len(i) for i in ids)
+        toks = np.zeros((len(ids), n), np.int32)
+        for j, i in enumerate(ids):
+            toks[j, :len(i)] = i
+        return SampleOutput(toks, -np.ones((len(ids), n), np.float32) * 0.5,
+                            np.array([len(i) for i in ids]), np.array([t.endswith(END) for t in rows]))
+
+    def active_scripts(self, n):
+        return [s for s in self.scripts if self._alive(s)][:n]
+
+    def _alive(self, s):
+        # A rollout stays active until its script has produced an answer turn.
+        return not any("<answer>" in t or not t.endswith(END) or "<tool_call>" not in t
+                       for t in s[:self.turn])
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    ts = load_or_generate_quickstart_tasks(None, num_tasks=64, horizons=(1, 2, 3), seed=0)
+    return ts
+
+
+def _gold_script(task, answer):
+    turns = ["".join(f"<tool_call>\n{render_tool_call(s.name, s.arguments)}\n</tool_call>"
+                     for s in stage) + END for stage in task.stages]
+    return turns + [f"<answer>{answer}</answer>{END}"]
+
+
+def _answer(task):
+    v = task.verifier
+    return v.get("value", ", ".join(map(str, v.get("values", [])))) if v["kind"] != "state" else "ok"
+
+
+def test_gold_script_succeeds_and_records_everything(tasks):
+    task = next(t for t in tasks if len(t.stages) == 2 and t.verifier["kind"] == "exact")
+    bad = ["<tool_call>\n{\"name\": \"x\", \"arguments\": [1]}\n</tool_call>" + END,
+           "<answer>wrong</answer>" + END]
+    policy = ScriptedPolicy([_gold_script(task, _answer(task)), bad])
+    with EnvPool(Catalog.default(kinds=("builtin",)), num_workers=0) as pool:
+        good_tr, bad_tr = run_rollouts(policy, [task], 2, pool, TOK, RolloutConfig(max_turns=4, max_context=8192),
+                                       rng=jax.random.key(0))
+    assert good_tr.success and good_tr.reward == 1.0 and good_tr.finished
+    assert good_tr.turn_rewards == [1.0, 1.0]
+    assert all(s == "ok" for turn in good_tr.turn_statuses for s in turn)
+    assert good_tr.group_id == bad_tr.group_id
+    assert not bad_tr.success and bad_tr.turn_statuses[0] == ["invalid_call"]
+    assert bad_tr.turn_rewards == [0.0]
+    for tr in (good_tr, bad_tr):
+        assert len(tr.tokens) == len(tr.policy_mask) == len(tr.sample_logprobs) == len(tr.token_turn)
+        # Policy tokens are exactly the sampled ids, in order (token in, token out).
+        sampled = [t for t, m in zip(tr.tokens, tr.policy_mask) if m]
+        script = _gold_script(task, _answer(task)) if tr is good_tr else bad
+        assert TOK.decode(sampled) == "".join(script)
+        assert all(lp == -0.5 for lp, m in zip(tr.sample_logprobs, tr.policy_mask) if m)
+        assert all(lp == 0.0 for lp, m in zip(tr.sample_logprobs, tr.policy_mask) if not m)
+    # The observation the policy saw in turn 2 is the env's real reply to its turn-1 call.
+    text = TOK.decode(good_tr.tokens)
+    assert "<tool_response>" in text and task.stages[0][0].name in text
+
+
+def test_truncated_turn_ends_rollout_and_state_tasks_read_final_state(tasks):
+    task = next(t for t in tasks if len(t.stages) == 1 and t.verifier["kind"] == "state")
+    policy = ScriptedPolicy([_gold_script(task, "done"), ["<tool_call>\n{\"na"]])
+    with EnvPool(Catalog.default(kinds=("builtin",)), num_workers=0) as pool:
+        ok, cut = run_rollouts(policy, [task], 2, pool, TOK, RolloutConfig(max_context=8192), rng=jax.random.key(0))
+    assert ok.success, ok.turn_statuses
+    assert cut.end_reason == "max_new_tokens" and not cut.success
+
+
+def test_batching_advantages_and_rows(tasks):
+    from toolverse_jax.rl.rollout import Trajectory
+    def tr(group, reward, turn_rewards, answered, failed=False):
+        t = Trajectory("t", group, [1, 2, 3, 4, 5, 6], [False, False, True, True, False, True],
+                       [0, 0, -1, -1, 0, -2], [-1, -1, 0, 0, -1, 1], 2)
+        t.turn_calls = [[{}]] * len(turn_rewards)
+        t.turn_rewards, t.reward, t.final_turn_is_answer, t.infra_failed = (
+            turn_rewards, reward, answered, failed)
+        return t
+    trajs = [tr(0, 1.0, [1.0], True), tr(0, 0.0, [0.0], True), tr(0, 0.0, [1.0], False, True),
+             tr(1, 1.0, [1.0], True), tr(1, 1.0, [1.0], True)]
+    r, m = turn_arrays(trajs, 3)
+    assert r[0].tolist() == [1, 1, 0] and m[2].tolist() == [True, False, False]
+    adv = compute_advantages(trajs, "grpo", {}, 3)
+    np.testing.assert_allclose(adv[:2, 0], [1.0, -1.0], atol=1e-5)
+    assert np.all(adv[2] == 0) and np.all(adv[3:] == 0)  # failed row and all-equal group
+    rows = trajectory_rows(trajs, adv)
+    assert len(rows) == 4  # the infra failure is dropped
+    assert rows[0]["advantages"].tolist() == pytest.approx([0, 0, 1, 1, 0, 1], abs=1e-5)
+    batch = pack_rows(rows, pad_id=0, num_micro=3)
+    assert batch.tokens.shape[0] == 6 and batch.tokens.shape[1] == 64
+    assert batch.loss_mask[0, :5].tolist() == [0, 1, 1, 0, 1]  # mask of the *target* token
+    assert batch.targets[0, :5].tolist() == [2, 3, 4, 5, 6]
+    assert batch.loss_mask[4:].sum() == 0
+    ta = compute_advantages(trajs, "turn_aware", {"lam": 0.5, "gamma": 0.5}, 3)
+    assert ta.shape == (5, 3) and np.all(ta[2] == 0)
+    with pytest.raises(KeyError, match="unknown advantage"):
+        compute_advantages(trajs, "nope", {}, 3)

@@ -1,0 +1,156 @@
+"""Train step, resume (bit-exact), corrupt/mismatched checkpoints, config overrides."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from toolverse_jax.models import get_preset, init_params
+from toolverse_jax.rl.checkpoint import CheckpointMismatchError, CorruptCheckpointError
+from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
+                                      make_train_step, pack_rows)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rows(n=4):
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n):
+        L = 20 + 7 * i
+        rows.append({"tokens": rng.integers(0, 256, L).tolist(),
+                     "policy_mask": (rng.random(L) > 0.4).tolist(),
+                     "advantages": rng.normal(size=L).astype(np.float32),
+                     "sample_logprobs": -np.abs(rng.normal(size=L)).astype(np.float32)})
+    return rows
+
+
+def test_grad_accumulation_equals_one_big_batch():
+    cfg = get_preset("tiny")
+    params = init_params(cfg, jax.random.key(0))
+    opt = make_optimizer(1e-2, 1, 10)
+    out = []
+    for micro in (1, 2):
+        batch = pack_rows(_rows(), 0, num_micro=micro)
+        step = make_train_step(cfg, LossConfig(name="sft"), opt, num_micro=micro)
+        state, m = step(init_train_state(jax.tree.map(jnp.copy, params), opt), batch)
+        out.append((state.params, float(m["loss"])))
+    assert out[0][1] == pytest.approx(out[1][1], rel=1e-5)
+    for a, b in zip(jax.tree.leaves(out[0][0]), jax.tree.leaves(out[1][0])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_sft_steps_reduce_loss():
+    cfg = get_preset("tiny")
+    opt = make_optimizer(3e-3, 1, 20)
+    state = init_train_state(init_params(cfg, jax.random.key(1)), opt)
+    step = make_train_step(cfg, LossConfig(name="sft"), opt)
+    batch = pack_rows(_rows(), 0)
+    losses = []
+    for _ in range(8):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    assert losses[-1] < losses[0] - 0.5
+
+
+def _config(**over):
+    from configs.quickstart import get_config
+    c = get_config()
+    c.model.preset = "tiny"
+    c.tasks.num_tasks = 40
+    c.tasks.eval_fraction = 0.1
+    c.sft.steps, c.sft.batch_size = 2, 4
+    c.rl.steps, c.rl.tasks_per_step, c.rl.group_size = 2, 2, 2
+    c.rollout.max_new_tokens, c.rollout.max_turns, c.rollout.max_context = 24, 2, 768
+    c.train.eval_every, c.train.checkpoint_every, c.train.progress = 0, 1, False
+    for k, v in over.items():
+        sub, key = k.split(".")
+        c[sub][key] = v
+    return c
+
+
+def _losses(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return {r["step"]: r.get("loss") for r in map(json.loads, f)}
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    from toolverse_jax.rl.loop import run_training
+    wd = str(tmp_path_factory.mktemp("full"))
+    run_training(_config(), wd)
+    return wd
+
+
+def test_resume_gives_bit_exact_next_step(full_run, tmp_path):
+    from toolverse_jax.rl.loop import run_training
+    wd = str(tmp_path / "resumed")
+    run_training(_config(**{"rl.steps": 1}), wd)        # stops after step 3 (2 SFT + 1 RL)
+    run_training(_config(), wd)                          # resumes, runs step 4
+    a, b = _losses(full_run), _losses(wd)
+    assert sorted(b) == [1, 2, 3, 4]
+    assert a[4] == b[4] and a[3] == b[3]  # bit-exact on CPU
+    assert os.path.exists(os.path.join(wd, "learning_curve.png"))
+
+
+def test_mismatched_and_corrupt_checkpoints_fail_clearly(full_run, tmp_path):
+    from toolverse_jax.rl.loop import run_training
+    wd = str(tmp_path / "copy")
+    shutil.copytree(full_run, wd)
+    with pytest.raises(CheckpointMismatchError, match="model_config"):
+        run_training(_config(**{"model.preset": "small"}), wd)
+    latest = max(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")) if d.isdigit())
+    state_dir = os.path.join(wd, "checkpoints", str(latest), "state")
+    for root, _, files in os.walk(state_dir):
+        for f in files:
+            with open(os.path.join(root, f), "wb") as fh:
+                fh.write(b"garbage")
+    with pytest.raises(CorruptCheckpointError, match="cannot be restored"):
+        run_training(_config(), wd)
+
+
+def _train_cmd(workdir, *extra):
+    return [sys.executable, "-m", "experiments.train", "--config", "configs/quickstart.py",
+            "--workdir", workdir, *extra]
+
+
+def test_config_override_errors_name_the_key(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    p = subprocess.run(_train_cmd(str(tmp_path), "--config.rl.stepz=3"), cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "stepz" in p.stderr
+    p = subprocess.run(_train_cmd(str(tmp_path), "--config.rl.steps=abc"), cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "steps" in p.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_matches_uninterrupted(full_run, tmp_path):
+    wd = str(tmp_path / "killed")
+    over = ["--config.model.preset=tiny", "--config.tasks.num_tasks=40",
+            "--config.tasks.eval_fraction=0.1", "--config.sft.steps=2", "--config.sft.batch_size=4",
+            "--config.rl.steps=2", "--config.rl.tasks_per_step=2", "--config.rl.group_size=2",
+            "--config.rollout.max_new_tokens=24", "--config.rollout.max_turns=2",
+            "--config.rollout.max_context=768", "--config.train.eval_every=0",
+            "--config.train.checkpoint_every=1", "--config.train.progress=False"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(_train_cmd(wd, *over), cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ck = os.path.join(wd, "checkpoints", "3")
+    deadline = time.time() + 600
+    while not os.path.isdir(ck) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert os.path.isdir(ck)
+    subprocess.run(_train_cmd(wd, *over), cwd=REPO, env=env, check=True, timeout=900,
+                   capture_output=True)
+    assert _losses(full_run)[4] == _losses(wd)[4]
