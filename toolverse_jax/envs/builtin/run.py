@@ -6,7 +6,8 @@
 import argparse
 import importlib
 
-DOMAINS = ("mail", "calendar", "contacts", "bank", "shop", "travel", "notes", "tickets", "faulty")
+DOMAINS = ("mail", "calendar", "contacts", "bank", "shop", "travel", "notes", "tickets", "faulty",
+           "search")
 
 
 def load_domain(name: str):
