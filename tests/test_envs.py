@@ -262,22 +262,30 @@ def test_synth_all_manifests_outputs_match_schema(catalog):
 
 # ----------------------------------------------------------------------------- worker processes
 
-def _server_pids():
+def _server_pids(pool_root: str):
+    """Returns pids of live server processes started by the pool rooted at `pool_root`."""
     out = []
+    needle = f"TOOLVERSE_POOL_ROOT={pool_root}".encode()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    if b"TOOLVERSE_SERVER_TAG=" in f.read():
+                    if any(x.startswith(needle) for x in f.read().split(b"\0")):
                         out.append(int(pid))
             except OSError:
                 pass
     return out
 
 
+def _wait_no_servers(root: str, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while _server_pids(root) and time.time() < deadline:
+        time.sleep(0.1)
+    assert _server_pids(root) == [], f"orphan servers of {root}"
+
+
 def test_pool_one_worker_faults(catalog):
     """1 worker process: a hang past the timeout, a crash and a killed server, each recorded; no orphans."""
-    before = set(_server_pids())
     with EnvPool(catalog, num_workers=1, call_timeout_s=2.5) as pool:
         a, f = pool.reset([EpisodeSpec(("notes", "jira"), seed=1), EpisodeSpec(("faulty",), seed=0)])
         note = _ok(pool.step([(a, "create_note", {"title": "t", "body": "b"})])[0])
@@ -295,14 +303,13 @@ def test_pool_one_worker_faults(catalog):
         assert pool.step([(a, "list_tags", {})])[0].status == "server_crashed" and pool.is_failed(a)
         (a2,) = pool.reset([EpisodeSpec(("notes",), seed=1)])
         assert _ok(pool.step([(a2, "list_tags", {})])[0])["tags"]
-    time.sleep(0.3)
-    assert set(_server_pids()) - before == set()
+        assert len(_server_pids(pool._root)) >= 2
+    _wait_no_servers(pool._root)
 
 
 @pytest.mark.slow
 def test_pool_workers_builtin_and_synth_and_faults(catalog):
     """2 worker processes, stdio servers: multi-step episodes, a crash, a hang, a kill; no orphans."""
-    before = set(_server_pids())
     pool = EnvPool(catalog, num_workers=2, call_timeout_s=3.0)
     try:
         specs = [EpisodeSpec(("contacts", "mail"), seed=1), EpisodeSpec(("shop", "bank"), seed=1),
@@ -347,23 +354,21 @@ def test_pool_workers_builtin_and_synth_and_faults(catalog):
         pool.close([a, b, b2, f1, f2, f3])
     finally:
         pool.close()
-    time.sleep(0.5)
-    assert set(_server_pids()) - before == set()
+    _wait_no_servers(pool._root)
 
 
 def test_pool_garbage_collected_cleans_up(catalog):
     import gc
 
-    before = set(_server_pids())
     pool = EnvPool(catalog, num_workers=1)
     (ep,) = pool.reset([EpisodeSpec(("notes",), seed=0)])
     assert _ok(pool.step([(ep, "list_tags", {})])[0])
-    procs = list(pool._procs)
+    procs, root = list(pool._procs), pool._root
+    assert _server_pids(root)
     del pool, ep
     gc.collect()
-    time.sleep(0.5)
+    _wait_no_servers(root)
     assert not any(p.is_alive() for p in procs)
-    assert set(_server_pids()) - before == set()
 
 
 _CHILD = r"""
