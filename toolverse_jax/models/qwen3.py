@@ -178,12 +178,15 @@ class Qwen3(nn.Module):
                     nn.initializers.normal(stddev=cfg.d_model ** -0.5), ("embed", "vocab")),
                 (cfg.d_model, cfg.vocab_size), pd)
 
-    def __call__(self, tokens, positions=None, segment_ids=None, cache: KVCache | None = None):
+    def __call__(self, tokens, positions=None, segment_ids=None, cache: KVCache | None = None,
+                 attn_mask=None):
         """Returns (hidden [batch, length, d_model], new cache or None).
 
         positions: [batch, length] RoPE positions (default: 0..length-1).
         segment_ids: [batch, length] int, 0 marks padding (default: all ones).
         cache: when given, tokens are written at slots cache.index.. and attend to the cache.
+        attn_mask: optional bool [batch, length, length], ANDed with the segment mask (no-cache
+            path only), e.g. TRACE's appended answer copies that each see only their own prefix.
         """
         cfg = self.cfg
         b, l = tokens.shape
@@ -196,9 +199,13 @@ class Qwen3(nn.Module):
         if cache is None:
             slots = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
             mask = attention_mask(segment_ids, slots, segment_ids, slots)
+            if attn_mask is not None:
+                mask = mask & attn_mask.astype(bool)
             for layer in self.layers:
                 x, _ = layer(x, positions, mask, None, None)
             return self.final_norm(x), None
+        if attn_mask is not None:
+            raise ValueError("attn_mask is only supported without a KV cache (cache=None)")
         index = cache.index
         seg_all = jax.lax.dynamic_update_slice(cache.seg, segment_ids.astype(jnp.int32), (0, index))
         s = cache.seg.shape[1]
@@ -238,9 +245,9 @@ def logical_axes(cfg: ModelConfig):
 
 
 def forward(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None,
-            cache: KVCache | None = None):
+            cache: KVCache | None = None, attn_mask=None):
     """Returns (hidden [batch, length, d_model], new cache) — the pure model function."""
-    return Qwen3(cfg).apply({"params": params}, tokens, positions, segment_ids, cache)
+    return Qwen3(cfg).apply({"params": params}, tokens, positions, segment_ids, cache, attn_mask)
 
 
 def logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None) -> jax.Array:
@@ -251,11 +258,12 @@ def logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None) -
 
 
 def logprobs_of(params, cfg: ModelConfig, tokens, targets, positions=None, segment_ids=None,
-                mask=None, temperature: float = 1.0, backend: str = "auto"):
+                mask=None, temperature: float = 1.0, backend: str = "auto", attn_mask=None):
     """Returns (logprob, entropy) [batch, length] of `targets` given `tokens`, never building
-    [tokens, vocab] logits (fused vocab-chunked kernel). mask: [batch, length], 0 -> output 0."""
+    [tokens, vocab] logits (fused vocab-chunked kernel). mask: [batch, length], 0 -> output 0.
+    attn_mask: optional bool [batch, length, length] ANDed with the segment mask."""
     from kernels import token_logprobs  # top-level package; imported lazily to keep deps one-way
-    hidden, _ = forward(params, cfg, tokens, positions, segment_ids)
+    hidden, _ = forward(params, cfg, tokens, positions, segment_ids, attn_mask=attn_mask)
     b, l, d = hidden.shape
     flat_mask = None if mask is None else mask.reshape(b * l)
     lp, ent = token_logprobs(hidden.reshape(b * l, d), unembedding_matrix(params, cfg),

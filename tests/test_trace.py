@@ -1,0 +1,145 @@
+"""TRACE credit math on hand-worked examples; single-pass scorer vs per-state forward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from toolverse_jax.models import forward, get_preset, init_params, logprobs_of
+from toolverse_jax.rl import advantages as adv
+from toolverse_jax.rl import registry
+from toolverse_jax.rl import trace
+
+
+def test_telescoping_and_redundant_call():
+    lb = jnp.array([[-3.0, -2.0, -2.0, -0.5, -0.1], [-1.0, -0.7, -9.0, -9.0, -9.0]])
+    m = jnp.array([[True] * 4, [True, False, False, False]])
+    d = trace.trace_rewards(lb, m, eps=0.1)
+    d0, dn = 3.1, 0.2
+    np.testing.assert_allclose(jnp.sum(d[0]), np.log(d0 / dn), rtol=1e-6)
+    np.testing.assert_allclose(jnp.sum(d[1]), np.log(1.1 / 0.8), rtol=1e-6)
+    assert float(d[0, 1]) == 0.0  # the redundant call that left ℓ̄ unchanged
+    assert np.all(np.asarray(d[1, 1:]) == 0.0)
+    np.testing.assert_allclose(d[0], np.log([3.1 / 2.1, 1.0, 2.1 / 0.6, 0.6 / 0.2]), rtol=1e-6)
+
+
+def test_modes():
+    lb = jnp.array([[-3.0, -1.0, -0.5]])
+    m = jnp.ones((1, 2), bool)
+    np.testing.assert_allclose(trace.trace_rewards(lb, m, mode="raw"), [[2.0, 0.5]])
+    np.testing.assert_allclose(trace.trace_rewards(lb, m, mode="gap_normalized", eps=0.1),
+                               [[2.0 / 3.1, 0.5 / 1.1]], rtol=1e-6)
+    with pytest.raises(ValueError, match="mode"):
+        trace.trace_rewards(lb, m, mode="nope")
+    with pytest.raises(ValueError, match="T\\+1"):
+        trace.trace_rewards(lb[:, :2], m)
+
+
+def test_kstep_backup_and_fill_hand_example():
+    # one row, n = 4 tool turns, K = 3, γ = 0.8, fill 2.0, A_out = 0.5
+    d = jnp.array([[1.0, 2.0, 3.0, 4.0, 0.0]])
+    m = jnp.array([[True, True, True, True, False]])
+    c = trace.kstep_backup(d, m, jnp.array([0.5]), k_steps=3, gamma_td=0.8, fill=2.0)
+    g = 0.8
+    c0 = (1 + g * 2 + g * g * 3) / (1 + g + g * g)             # window 0..2: no fill
+    c1 = (2 + g * 3 + g * g * 4) / (1 + g + g * g) + 2 * g ** 3 * 0.5  # window 1..3 reaches end
+    c2 = (3 + g * 4) / (1 + g) + 2 * g ** 2 * 0.5
+    c3 = 4.0 + 2 * g * 0.5
+    np.testing.assert_allclose(c, [[c0, c1, c2, c3, 0.0]], rtol=1e-6)
+
+
+def test_trace_advantages_mix_answer_turn_and_masks():
+    # group of 2: rollout 0 has 2 tool turns + answer; rollout 1 one tool turn + answer;
+    # rollout 2 (another group) invalid.
+    lb = jnp.array([[-2.0, -1.0, -0.2, 0.0], [-2.0, -2.0, 0.0, 0.0], [-1.0, -1.0, -1.0, -1.0]])
+    tm = jnp.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
+    am = jnp.array([[0, 0, 1], [0, 1, 0], [0, 0, 1]], bool)
+    R = jnp.array([1.0, 0.0, 1.0])
+    g = jnp.array([0, 0, 1])
+    valid = jnp.array([True, True, False])
+    a = trace.trace_advantages(lb, tm, R, g, answer_mask=am, valid=valid)
+    a_out = np.asarray(adv.grpo(R, g, valid=valid))
+    dl = np.log([2.1 / 1.1, 1.1 / 0.3])
+    gm = 0.8
+    c0 = (dl[0] + gm * dl[1]) / (1 + gm) + 2 * gm ** 2 * a_out[0]
+    c1 = dl[1] + 2 * gm * a_out[0]
+    want0 = [a_out[0] + 0.2 * c0, a_out[0] + 0.2 * c1, a_out[0]]
+    want1 = [a_out[1] + 0.2 * (0.0 + 2 * gm * a_out[1]), a_out[1], 0.0]
+    np.testing.assert_allclose(a[0], want0, rtol=1e-5)
+    np.testing.assert_allclose(a[1], want1, rtol=1e-5)
+    assert np.all(np.asarray(a[2]) == 0.0)
+    batch = registry.AdvantageInputs(rewards=R, group_ids=g, valid=valid, turn_mask=tm,
+                                     answer_mask=am, readiness=lb)
+    got = jax.jit(lambda b: registry.get_advantage("trace")(b, {}))(batch)
+    np.testing.assert_allclose(got, a, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- scorer
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = get_preset("tiny")
+    return cfg, init_params(cfg, jax.random.key(0))
+
+
+def _np_readiness(params, cfg, seq, bnd, aliases, prefix):
+    """Per-state reference: one unpadded forward per (rollout, state, alias)."""
+    b, t1 = bnd.shape
+    out = np.zeros((b, t1))
+    for i in range(b):
+        for k in range(t1):
+            if bnd[i, k] < 0:
+                continue
+            best = -np.inf
+            for ans in aliases[i]:
+                toks = np.concatenate([seq[i, :bnd[i, k]], prefix, ans]).astype(np.int32)
+                tg = np.concatenate([toks[1:], [0]]).astype(np.int32)
+                mask = np.zeros(len(toks), bool)
+                start = bnd[i, k] + len(prefix) - 1
+                mask[start:start + len(ans)] = True
+                lp, _ = logprobs_of(params, cfg, toks[None], tg[None], mask=mask[None])
+                best = max(best, float(np.asarray(lp)[0][mask].mean()))
+            out[i, k] = best
+    return out
+
+
+def _case():
+    rng = np.random.default_rng(0)
+    b, l = 2, 24
+    seq = rng.integers(5, 300, size=(b, l)).astype(np.int32)
+    bnd = np.array([[4, 9, 15, 22], [6, 11, -1, -1]], np.int32)
+    aliases = [[[10, 11, 12], [40, 41]], [[7, 8, 9, 10]]]
+    return seq, bnd, aliases, np.array([60, 61], np.int32)
+
+
+def test_single_pass_equals_naive(tiny):
+    cfg, params = tiny
+    seq, bnd, aliases, prefix = _case()
+    ans = trace.pack_answers(aliases)
+    sp = jax.jit(lambda *x: trace.score_readiness(params, cfg, *x))(seq, bnd, ans, prefix)
+    nv = jax.jit(lambda *x: trace.score_readiness_naive(params, cfg, *x))(seq, bnd, ans, prefix)
+    np.testing.assert_allclose(sp, nv, atol=1e-5)
+    assert np.all(np.asarray(sp)[1, 2:] == 0.0) and np.all(np.asarray(sp)[0] < 0)
+
+
+@pytest.mark.slow
+def test_single_pass_equals_unpadded_per_state_forward(tiny):
+    cfg, params = tiny
+    seq, bnd, aliases, prefix = _case()
+    sp = trace.score_readiness(params, cfg, seq, bnd, trace.pack_answers(aliases), prefix)
+    ref = _np_readiness(params, cfg, seq, bnd, aliases, prefix)
+    np.testing.assert_allclose(sp, ref, atol=1e-5)
+
+
+def test_attn_mask_default_is_unchanged(tiny):
+    cfg, params = tiny
+    toks = jnp.arange(12, dtype=jnp.int32)[None] + 3
+    h0, _ = forward(params, cfg, toks)
+    h1, _ = forward(params, cfg, toks, attn_mask=jnp.ones((1, 12, 12), bool))
+    np.testing.assert_array_equal(h0, h1)
+
+
+def test_empty_prefix_is_rejected(tiny):
+    cfg, params = tiny
+    with pytest.raises(ValueError, match="answer_prefix_ids"):
+        trace.score_readiness(params, cfg, np.zeros((1, 4), np.int32), np.array([[2]]),
+                              np.array([[1, 2]]), np.zeros((0,), np.int32))
