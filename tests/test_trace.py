@@ -143,3 +143,15 @@ def test_empty_prefix_is_rejected(tiny):
     with pytest.raises(ValueError, match="answer_prefix_ids"):
         trace.score_readiness(params, cfg, np.zeros((1, 4), np.int32), np.array([[2]]),
                               np.array([[1, 2]]), np.zeros((0,), np.int32))
+
+
+def test_state_boundaries_and_packing():
+    #           prompt    turn0  obs   turn1 obs   (stopped after 2 tool turns, no answer)
+    tt = [-1, -1, -1, 0, 0, -1, -1, 1, 1, -1]
+    assert trace.state_boundaries(tt, 2, 4) == [3, 7, 10, -1]
+    tt2 = [-1, -1, 0, -1, 1, 1]  # one tool turn, then the answer turn 1
+    assert trace.state_boundaries(tt2, 1, 4) == [2, 4, -1, -1]
+    seq, bnd, ans = trace.readiness_inputs([list(range(10)), list(range(6))], [tt, tt2], [2, 1],
+                                           [[[5, 6]], [[7], [8, 9, 1]]], num_turns=3)
+    assert seq.shape == (2, 16) and bnd.tolist() == [[3, 7, 10, -1], [2, 4, -1, -1]]
+    assert ans.tolist() == [[[5, 6, -1], [-1, -1, -1]], [[7, -1, -1], [8, 9, 1]]]

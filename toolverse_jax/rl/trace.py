@@ -249,3 +249,39 @@ def score_readiness(params, cfg, sequences, boundaries, answers, answer_prefix_i
     lp, _ = logprobs_of(params, cfg, tok, tgt, pos, seg, score, backend=backend, attn_mask=attn)
     lp = jnp.where(score, lp, 0.0)[:, l:].reshape(bsz, t1, a, w)
     return _best_alias(jnp.sum(lp, -1), lens, bnd)
+
+
+def state_boundaries(token_turn: Sequence[int], num_tool_turns: int, num_states: int) -> list:
+    """Returns [num_states] boundaries len(S_k) of one rollout, -1 past its last state.
+
+    token_turn: per-token turn index (-1 for prompt/observations), as in `rollout.Trajectory`.
+    S_k (k <= num_tool_turns) ends where turn k's first policy token starts (prompt, or the k-th
+    observation plus the next assistant header); a state with no turn after it (the rollout
+    stopped after its last observation) ends at the end of the tokens.
+    """
+    tt = np.asarray(token_turn)
+    out = [-1] * num_states
+    for k in range(min(num_tool_turns, num_states - 1) + 1):
+        idx = np.flatnonzero(tt == k)
+        out[k] = int(idx[0]) if idx.size else len(tt)
+    return out
+
+
+def readiness_inputs(token_lists: Sequence[Sequence[int]], token_turns: Sequence[Sequence[int]],
+                     num_tool_turns: Sequence[int],
+                     answer_aliases: Sequence[Sequence[Sequence[int]]], num_turns: int,
+                     pad_to: int = 8):
+    """Returns numpy (sequences [B, L], boundaries [B, num_turns+1], answers [B, A, La]).
+
+    Host-side packing of rollouts for `score_readiness`; L is rounded up to a multiple of
+    `pad_to` to bound recompiles. answer_aliases: per rollout, the token ids of each gold alias.
+    """
+    b = len(token_lists)
+    longest = max(len(t) for t in token_lists)
+    length = -(-longest // pad_to) * pad_to
+    seq = np.zeros((b, length), np.int32)
+    bnd = np.full((b, num_turns + 1), -1, np.int32)
+    for i, (toks, tt, n) in enumerate(zip(token_lists, token_turns, num_tool_turns)):
+        seq[i, :len(toks)] = toks
+        bnd[i] = state_boundaries(tt, n, num_turns + 1)
+    return seq, bnd, pack_answers(answer_aliases)
