@@ -35,6 +35,13 @@ def inprocess_call_s(reps: int = 2000) -> float:
     return statistics.median(times)
 
 
+def _proc_cpu_s(pid: int) -> float:
+    import os
+
+    f = open(f"/proc/{pid}/stat").read().split(") ", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pool_numbers(num_workers: int, episodes: int, rounds: int) -> dict:
     from toolverse_jax.envs import Catalog, EnvPool, EpisodeSpec
 
@@ -46,17 +53,22 @@ def pool_numbers(num_workers: int, episodes: int, rounds: int) -> dict:
         for _ in range(3):  # warm up every server and connection
             obs = pool.step(batch)
         assert all(o.status == "ok" for o in obs), [o.content for o in obs if o.status != "ok"][:2]
+        pids = [p.pid for p in pool._procs] + sorted({pool.server_pid(ep, s) for ep in eps[:num_workers * 2]
+                                                      for s in servers})
+        cpu0, own0 = sum(_proc_cpu_s(p) for p in pids), time.process_time()
         t0 = time.perf_counter()
         for _ in range(rounds):
             pool.step(batch)
         dt = time.perf_counter() - t0
+        cpu = sum(_proc_cpu_s(p) for p in pids) - cpu0 + time.process_time() - own0
         lat = []
         for i in range(200):
             server, tool, args = CALLS[i % len(CALLS)]
             t1 = time.perf_counter()
             pool.step([(eps[0], tool, args)])
             lat.append(time.perf_counter() - t1)
-    return {"calls_per_s": rounds * len(batch) / dt, "latency_s": statistics.median(lat)}
+    return {"calls_per_s": rounds * len(batch) / dt, "latency_s": statistics.median(lat),
+            "cpu_s_per_call": cpu / (rounds * len(batch))}
 
 
 def main(argv=None) -> None:
@@ -78,6 +90,11 @@ def main(argv=None) -> None:
         "pool_call_latency_ms_1_worker": round(one["latency_s"] * 1e3, 3),
         "overhead_per_call_ms": round((one["latency_s"] - base_s) * 1e3, 3),
         "amortized_ms_per_call_2_workers": round(1e3 / two["calls_per_s"], 3),
+        # CPU seconds per call, all processes (trainer + workers + servers): independent of how
+        # busy the machine is; calls/s on C free cores is at most C / cpu_s_per_call.
+        "cpu_ms_per_call_1_worker": round(one["cpu_s_per_call"] * 1e3, 3),
+        "cpu_ms_per_call_2_workers": round(two["cpu_s_per_call"] * 1e3, 3),
+        "load_average_1min": round(__import__("os").getloadavg()[0], 2),
     }))
 
 
