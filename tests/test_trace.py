@@ -155,3 +155,25 @@ def test_state_boundaries_and_packing():
                                            [[[5, 6]], [[7], [8, 9, 1]]], num_turns=3)
     assert seq.shape == (2, 16) and bnd.tolist() == [[3, 7, 10, -1], [2, 4, -1, -1]]
     assert ans.tolist() == [[[5, 6, -1], [-1, -1, -1]], [[7, -1, -1], [8, 9, 1]]]
+
+
+def test_readiness_for_trajectories_matches_direct_scoring(tiny):
+    from types import SimpleNamespace
+
+    from toolverse_jax.models import ByteTokenizer
+
+    cfg, params = tiny
+    tok = ByteTokenizer()
+    task = SimpleNamespace(answer="Paris", meta={"aliases": ["Paris", "paris"]})
+    tr = SimpleNamespace(task_id="t", tokens=list(range(20, 32)),
+                         token_turn=[-1] * 3 + [0] * 3 + [-1] * 3 + [1] * 3, turn_calls=[[]])
+    got = trace.readiness_for_trajectories(params, cfg, [tr], {"t": task}, tok, num_turns=2,
+                                           pad_to=8)
+    prefix = np.asarray(tok.encode("<answer>", allow_special=False), np.int32)
+    ans = trace.pack_answers([[tok.encode("Paris", allow_special=False),
+                               tok.encode("paris", allow_special=False)]])
+    seq = np.zeros((1, 16), np.int32)
+    seq[0, :12] = tr.tokens
+    want = trace.score_readiness(params, cfg, seq, np.array([[3, 9, -1]]), ans, prefix)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert got[0, 2] == 0.0 and got[0, 0] < 0

@@ -285,3 +285,33 @@ def readiness_inputs(token_lists: Sequence[Sequence[int]], token_turns: Sequence
         seq[i, :len(toks)] = toks
         bnd[i] = state_boundaries(tt, n, num_turns + 1)
     return seq, bnd, pack_answers(answer_aliases)
+
+
+def gold_aliases(task) -> list:
+    """Returns the gold answer strings of a task: meta["aliases"], else [answer]."""
+    aliases = list((getattr(task, "meta", None) or {}).get("aliases") or [])
+    return aliases or [str(task.answer)]
+
+
+def readiness_for_trajectories(ref_params, cfg, trajs, tasks_by_id, tokenizer, num_turns: int,
+                               answer_prefix: str = "<answer>", scorer: str = "single_pass",
+                               pad_to: int = 64, backend: str = "auto") -> np.ndarray:
+    """Returns ℓ̄ [B, num_turns+1] (numpy) for rollouts under the frozen reference params.
+
+    trajs: objects with `task_id`, `tokens`, `token_turn`, `turn_calls` (rl.rollout.Trajectory);
+    tasks_by_id: {task_id: Task}; answers are `gold_aliases(task)` encoded with `tokenizer`
+    (best alias taken), scored after `answer_prefix`. Feed the result to
+    `AdvantageInputs.readiness` with turn_mask/answer_mask over the same `num_turns`.
+    """
+    prefix = tokenizer.encode(answer_prefix, allow_special=False)
+    aliases = [[tokenizer.encode(a, allow_special=False) for a in
+                gold_aliases(tasks_by_id[t.task_id])] for t in trajs]
+    seq, bnd, ans = readiness_inputs([t.tokens for t in trajs], [t.token_turn for t in trajs],
+                                     [len(t.turn_calls) for t in trajs], aliases, num_turns,
+                                     pad_to=pad_to)
+    fn = {"single_pass": score_readiness, "naive": score_readiness_naive}.get(scorer)
+    if fn is None:
+        raise ValueError(f"TRACE scorer {scorer!r} is unknown; use 'single_pass' or 'naive'")
+    out = jax.jit(lambda s, b, a, p: fn(ref_params, cfg, s, b, a, p, backend=backend))(
+        seq, bnd, ans, np.asarray(prefix, np.int32))
+    return np.asarray(out)
