@@ -2,6 +2,7 @@
 
 import json
 
+import jsonschema
 import pytest
 
 from toolverse_jax.envs import Catalog, EnvPool, EpisodeSpec
@@ -50,6 +51,10 @@ def test_server_tools_through_pool(pool):
     assert res["count"] >= 1 and res["results"][0]["title"] == person
     doc = _ok(pool.step([(ep, "get_document", {"docid": res["results"][0]["docid"]})])[0])
     assert facts["born_in"] in doc["text"] and facts["company"] in doc["text"]
+    specs = {t["name"]: t for t in Catalog.default(include_hidden=True).list_tools("search")}
+    assert set(specs) == {"search", "get_document"}
+    jsonschema.validate(res, specs["search"]["outputSchema"])
+    jsonschema.validate(doc, specs["get_document"]["outputSchema"])
     bad = pool.step([(ep, "get_document", {"docid": "nope"})])[0]
     assert bad.status == "tool_error" and "not found" in str(bad.content)
     assert pool.step([(ep, "search", {"query": "x", "k": 99})])[0].status == "tool_error"
