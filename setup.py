@@ -33,7 +33,7 @@ EXTRAS = {
     "torch": ["torch==2.13.0"],
     # Third-party MCP servers launched unmodified over stdio (PyPI side; npm ones via
     # `python -m experiments.install_servers`).
-    "servers": [],
+    "servers": ["mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19"],
 }
 EXTRAS["test"] = [
     "pytest==9.2.0",

@@ -12,7 +12,7 @@ def get_config() -> ConfigDict:
     c.seed = 0
 
     c.model = ConfigDict()
-    c.model.preset = "small"
+    c.model.preset = "tiny"
     c.model.checkpoint = ""         # HF directory to start from instead of random init
     c.model.tokenizer = "byte"      # "byte" | "qwen3" | a local HF tokenizer dir
     c.model.dtype = "float32"
@@ -46,18 +46,18 @@ def get_config() -> ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
-    c.rollout.max_observation_chars = 300
+    c.rollout.max_observation_chars = 200
 
     c.sft = ConfigDict()
-    c.sft.steps = 60
+    c.sft.steps = 150
     c.sft.batch_size = 16
     c.sft.lr = 3e-3
     c.sft.warmup_steps = 10
 
     c.rl = ConfigDict()
-    c.rl.steps = 40
-    c.rl.tasks_per_step = 8
-    c.rl.group_size = 8
+    c.rl.steps = 30
+    c.rl.tasks_per_step = 6
+    c.rl.group_size = 6
     c.rl.advantage = "grpo"         # registered estimator: grpo | turn_aware | trace | ...
     c.rl.adv = ConfigDict({"lam": 0.5, "gamma": 0.5, "eps": 1e-6})
     c.rl.loss = "ppo_clip"
@@ -75,7 +75,7 @@ def get_config() -> ConfigDict:
     c.train = ConfigDict()
     c.train.num_micro = 1           # gradient accumulation micro-batches per step
     c.train.eval_every = 10
-    c.train.eval_tasks = 48
+    c.train.eval_tasks = 32
     c.train.checkpoint_every = 10
     c.train.keep_checkpoints = 2
     c.train.progress = True

@@ -127,5 +127,5 @@ def test_batching_advantages_and_rows(tasks):
     assert batch.loss_mask[4:].sum() == 0
     ta = compute_advantages(trajs, "turn_aware", {"lam": 0.5, "gamma": 0.5}, 3)
     assert ta.shape == (5, 3) and np.all(ta[2] == 0)
-    with pytest.raises(KeyError, match="unknown advantage"):
+    with pytest.raises(KeyError, match="not registered"):
         compute_advantages(trajs, "nope", {}, 3)

@@ -84,7 +84,7 @@ def test_filter_top_p_keeps_smallest_prefix():
 
 
 def test_buckets_bound_shapes():
-    assert [bucket_length(n) for n in (1, 32, 33, 100, 1024, 1025)] == [32, 32, 64, 128, 1024, 2048]
+    assert [bucket_length(n) for n in (1, 32, 33, 100, 300, 1025)] == [32, 32, 64, 128, 512, 1280]
     tok, seg = pad_prompts([[1, 2], [3, 4, 5]], pad_id=0)
     assert tok.shape == (2, 32) and seg[0].sum() == 2 and tok[1, -3:].tolist() == [3, 4, 5]
     tok, _ = pad_prompts([[1]] * 3, pad_id=0)

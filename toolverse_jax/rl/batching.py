@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from toolverse_jax.rl import advantages
+from toolverse_jax.rl.registry import AdvantageInputs, get_advantage
 from toolverse_jax.rl.rollout import Trajectory
 
 
@@ -26,27 +26,29 @@ def turn_arrays(trajs: Sequence[Trajectory], num_turns: int) -> tuple[np.ndarray
     return r, m
 
 
-def compute_advantages(trajs: Sequence[Trajectory], estimator: str, consts: dict[str, Any],
-                       num_turns: int) -> np.ndarray:
-    """Returns per-turn advantages [B, num_turns] from the named estimator (turns absent from a
-    rollout are 0). Rollouts whose episode failed for infrastructure reasons get 0 and stay out
-    of their group's statistics."""
-    rewards = jnp.asarray([t.reward for t in trajs], jnp.float32)
-    groups = jnp.asarray([t.group_id for t in trajs], jnp.int32)
-    valid = jnp.asarray([not t.infra_failed for t in trajs])
-    eps = consts.get("eps", 1e-6)
+def advantage_inputs(trajs: Sequence[Trajectory], num_turns: int,
+                     readiness: np.ndarray | None = None) -> AdvantageInputs:
+    """Returns the estimator inputs [B] / [B, T] for a batch of trajectories."""
     r, m = turn_arrays(trajs, num_turns)
-    if estimator == "grpo":
-        a = advantages.grpo(rewards, groups, eps=eps, valid=valid)
-        return np.asarray(a)[:, None] * m
-    if estimator == "turn_aware":
-        return np.asarray(advantages.turn_aware(
-            rewards, jnp.asarray(r), jnp.asarray(m), groups, lam=consts.get("lam", 0.5),
-            gamma=consts.get("gamma", 0.5), eps=eps, gate=consts.get("gate", True),
-            local_only=consts.get("local_only", False), valid=valid,
-            outcome_coef=consts.get("outcome_coef", 1.0)))
-    raise KeyError(f"unknown advantage estimator {estimator!r} for tool rollouts; "
-                   f"use 'grpo' or 'turn_aware'")
+    answer = np.zeros_like(m)
+    for i, tr in enumerate(trajs):
+        if tr.final_turn_is_answer and len(tr.turn_rewards) < num_turns:
+            answer[i, len(tr.turn_rewards)] = True
+    return AdvantageInputs(
+        rewards=jnp.asarray([t.reward for t in trajs], jnp.float32),
+        group_ids=jnp.asarray([t.group_id for t in trajs], jnp.int32),
+        valid=jnp.asarray([not t.infra_failed for t in trajs]),
+        turn_mask=jnp.asarray(m), turn_rewards=jnp.asarray(r), answer_mask=jnp.asarray(answer),
+        readiness=None if readiness is None else jnp.asarray(readiness, jnp.float32))
+
+
+def compute_advantages(trajs: Sequence[Trajectory], estimator: str, consts: dict[str, Any],
+                       num_turns: int, readiness: np.ndarray | None = None) -> np.ndarray:
+    """Returns per-turn advantages [B, num_turns] from the estimator registered as `estimator`
+    (turns absent from a rollout are 0). Rollouts whose episode failed for infrastructure
+    reasons get 0 and stay out of their group's statistics."""
+    fn = get_advantage(estimator)
+    return np.asarray(fn(advantage_inputs(trajs, num_turns, readiness), consts))
 
 
 def trajectory_rows(trajs: Sequence[Trajectory], turn_adv: np.ndarray) -> list[dict]:

@@ -55,7 +55,7 @@ class SampleOutput(NamedTuple):
     stopped: np.ndarray
 
 
-def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 1024) -> int:
+def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 256) -> int:
     """Returns the padded length for n: powers of two up to `linear_above`, then its multiples."""
     if n <= min_bucket:
         return min_bucket
