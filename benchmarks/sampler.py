@@ -1,7 +1,7 @@
 """Our jitted KV-cache sampler vs HF transformers `generate` (torch CPU): tokens/s, one JSON line.
 
     python -m benchmarks.sampler            # 4 layers, d=512, vocab 4096, B=8, 128 + 128 tokens
-    python -m benchmarks.sampler --quick    # 2 layers, d=128, B=2, 32 + 16 tokens, seconds
+    python -m benchmarks.sampler --quick    # 2 layers, d=128, vocab 512, B=2, 32 + 16 tokens
 
 Both decode greedily (temperature 0 / `do_sample=False`) from the same random weights: a random
 HF `Qwen3ForCausalLM` is saved and loaded into ours with `load_hf_checkpoint`. The vocab is 4096,
