@@ -55,13 +55,23 @@ def load_tasks(config: ConfigDict, workdir: str) -> dict[str, list[Task]]:
         tasks = load_or_generate_quickstart_tasks(
             os.path.join(workdir, "tasks"), num_tasks=t.num_tasks, horizons=tuple(t.horizons),
             seed=t.gen_seed, servers=tuple(t.servers) if t.servers else None)
+    elif t.source == "search":
+        from toolverse_jax.tasks.search_tasks import (TEMPLATES, generate_search_tasks,
+                                                      load_browsecomp_plus)
+        if t.get("corpus_dir"):
+            # The search server processes read their corpus from this variable.
+            os.environ[config.env.get("corpus_env", "TOOLVERSE_SEARCH_CORPUS")] = t.corpus_dir
+            tasks = load_browsecomp_plus(t.corpus_dir, limit=t.num_tasks or None)
+        else:
+            tasks = generate_search_tasks(t.num_tasks, seed=t.gen_seed,
+                                          kinds=tuple(t.get("search_kinds") or TEMPLATES))
     elif t.source == "gust":
         if not t.path:
             raise ValueError("config.tasks.path must name a GUST shard directory when "
                              "config.tasks.source='gust'")
         tasks = read_tasks(t.path)
     else:
-        raise ValueError(f"config.tasks.source={t.source!r}; use 'quickstart' or 'gust'")
+        raise ValueError(f"config.tasks.source={t.source!r}; use 'quickstart', 'search' or 'gust'")
     if t.split_by == "task":
         order = np.random.default_rng(t.gen_seed).permutation(len(tasks))
         n_eval = max(1, int(round(t.eval_fraction * len(tasks))))
@@ -217,7 +227,9 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         log = MetricsLog(workdir, start if latest is not None else None)
         sft_step_fn = make_train_step(cfg, _loss_config(config, "sft"), sft_opt, num_micro)
         rl_step_fn = make_train_step(cfg, _loss_config(config, config.rl.loss), rl_opt, num_micro)
-        catalog = Catalog.default(kinds=("builtin",))
+        catalog = Catalog.default(kinds=("builtin",),
+                                  include_hidden=bool(config.env.get("include_hidden", False)))
+        tasks_by_id = {t.id: t for split in tasks.values() for t in split}
         tool_cache: dict[tuple, list[dict]] = {}
 
         def shard_batch(batch: TrainBatch) -> TrainBatch:
@@ -283,8 +295,16 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                     trajs = run_rollouts(policy, tasks_now, config.rl.group_size, pool,
                                          tokenizer, rcfg, key, seed=config.seed * 1_000_003 + step)
                     t_roll = time.time() - t0
+                    readiness = None
+                    if config.rl.advantage == "trace":
+                        from toolverse_jax.rl.trace import readiness_for_trajectories
+                        tr_cfg = config.trace
+                        readiness = readiness_for_trajectories(
+                            ref_params, cfg, trajs, tasks_by_id, tokenizer, rcfg.max_turns + 1,
+                            tr_cfg.answer_prefix, tr_cfg.scorer, pad_to=tr_cfg.pad_to)
                     turn_adv = compute_advantages(trajs, config.rl.advantage,
-                                                  dict(config.rl.adv), rcfg.max_turns + 1)
+                                                  dict(config.rl.adv), rcfg.max_turns + 1,
+                                                  readiness)
                     rows = trajectory_rows(trajs, turn_adv)
                     metrics = rollout_metrics(trajs, "rollout")
                     metrics["phase"] = "rl"

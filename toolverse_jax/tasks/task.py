@@ -148,8 +148,9 @@ class Task:
             return all(check_state(c, final_state) for c in v["checks"])
         if answer_text is None:
             return False
-        if kind == "exact":
-            return values_equal(v["value"], answer_text)
+        if kind == "exact":  # any alias counts (search / BrowseComp-style answers)
+            return any(values_equal(a, answer_text)
+                       for a in [v["value"], *self.meta.get("aliases", ())])
         if kind == "set":
             got = _split_answer(str(answer_text))
             exp = [normalize_text(x) for x in v["values"]]
