@@ -129,3 +129,15 @@ def test_batching_advantages_and_rows(tasks):
     assert ta.shape == (5, 3) and np.all(ta[2] == 0)
     with pytest.raises(KeyError, match="not registered"):
         compute_advantages(trajs, "nope", {}, 3)
+
+
+def test_shaped_reward_adds_call_and_gold_turn_bonuses():
+    from toolverse_jax.rl.rollout import Trajectory, shaped_reward
+    t = Trajectory("t", 0, [], [], [], [], 0)
+    t.turn_statuses = [["ok", "invalid_call"], ["ok", "ok"]]
+    t.turn_rewards = [1.0, 0.0]
+    assert shaped_reward(t, RolloutConfig()) == 0.0
+    cfg = RolloutConfig(ok_call_bonus=0.2, gold_turn_bonus=0.4)
+    assert shaped_reward(t, cfg) == pytest.approx(0.2 * 0.75 + 0.4 * 0.5)
+    t.success = True
+    assert shaped_reward(t, cfg) == pytest.approx(1.0 + 0.15 + 0.2)

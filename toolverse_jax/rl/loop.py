@@ -87,7 +87,9 @@ def _rollout_config(config: ConfigDict) -> RolloutConfig:
     return RolloutConfig(max_turns=r.max_turns, max_context=r.max_context,
                          tool_format=r.tool_format, prompt_tools=r.prompt_tools,
                          num_distractors=r.num_distractors,
-                         max_observation_chars=r.max_observation_chars)
+                         max_observation_chars=r.max_observation_chars,
+                         ok_call_bonus=config.rl.get("ok_call_bonus", 0.0),
+                         gold_turn_bonus=config.rl.get("gold_turn_bonus", 0.0))
 
 
 def _loss_config(config: ConfigDict, name: str) -> LossConfig:

@@ -55,6 +55,10 @@ class RolloutConfig:
     num_distractors: int = 2
     system_prompt: str = DEFAULT_SYSTEM
     max_observation_chars: int = 600  # long tool outputs are cut (and say so) to bound context
+    # Outcome reward = success (0/1) + ok_call_bonus * (fraction of calls that executed ok)
+    # + gold_turn_bonus * (fraction of gold stages matched turn by turn). Both 0 = pure outcome.
+    ok_call_bonus: float = 0.0
+    gold_turn_bonus: float = 0.0
 
 
 @dataclasses.dataclass
@@ -86,6 +90,17 @@ class Trajectory:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def shaped_reward(tr: "Trajectory", cfg: RolloutConfig) -> float:
+    """Returns the scalar reward of a finished rollout (see RolloutConfig's bonus fields)."""
+    reward = float(tr.success)
+    statuses = [s for turn in tr.turn_statuses for s in turn]
+    if cfg.ok_call_bonus and statuses:
+        reward += cfg.ok_call_bonus * statuses.count("ok") / len(statuses)
+    if cfg.gold_turn_bonus and tr.turn_rewards:
+        reward += cfg.gold_turn_bonus * sum(tr.turn_rewards) / len(tr.turn_rewards)
+    return reward
 
 
 def _calls_cover(gold: Sequence[Any], calls: Sequence[dict]) -> bool:
@@ -257,7 +272,7 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
             state = pool.read_state(ep) if task.verifier["kind"] == "state" else None
             tr.success = bool(task.check(tr.final_answer, state)) if (
                 tr.finished or task.verifier["kind"] == "state") else False
-            tr.reward = float(tr.success)
+            tr.reward = shaped_reward(tr, cfg)
     finally:
         pool.close(episodes)
     return trajs
