@@ -237,7 +237,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         def shard_batch(batch: TrainBatch) -> TrainBatch:
             return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim)), batch)
 
-        def evaluate(params, pool, step: int) -> dict:
+        def evaluate(params, pool) -> dict:
             t0 = time.time()
             policy = SamplerPolicy(params, cfg, greedy)
             trajs = run_rollouts(policy, eval_tasks, 1, pool, tokenizer, rcfg,
@@ -274,7 +274,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         with EnvPool(catalog, num_workers=config.env.num_workers,
                      call_timeout_s=config.env.call_timeout_s) as pool:
             if start == 0 and config.train.eval_every > 0:
-                log.write(0, {**evaluate(state.params, pool, 0), "phase": "init"})
+                log.write(0, {**evaluate(state.params, pool), "phase": "init"})
             for step in range(start, total):
                 t0 = time.time()
                 if step < sft_steps:
@@ -336,7 +336,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                 if config.train.eval_every > 0 and (
                         last or done == sft_steps or
                         (rl_done > 0 and rl_done % config.train.eval_every == 0)):
-                    metrics.update(evaluate(state.params, pool, done))
+                    metrics.update(evaluate(state.params, pool))
                 log.write(done, metrics)
                 if last or done % config.train.checkpoint_every == 0 or done == sft_steps:
                     ckpt.save(done, state, ref_params,

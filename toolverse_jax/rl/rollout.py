@@ -206,6 +206,7 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
             out = policy([trajs[i].tokens for i in active], key)
             calls_batch, owners_batch = [], []
             still = []
+            pending: dict[int, list[str]] = {}  # rollout -> tool responses, in call order
             for row, i in enumerate(active):
                 tr, task = trajs[i], owners[i][1]
                 n = int(out.lengths[row])
@@ -235,12 +236,12 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                 for c in calls:
                     calls_batch.append((episodes[i], c["name"], c["arguments"]))
                     owners_batch.append(i)
-                tr._pending = responses  # filled with call results below, in call order
+                pending[i] = responses
                 still.append(i)
             if calls_batch:
                 results = pool.step(calls_batch)
                 for i, obs in zip(owners_batch, results):
-                    trajs[i]._pending.append(obs.content)
+                    pending[i].append(obs.content)
                     trajs[i].turn_statuses[-1].append(obs.status)
                     if obs.status == "server_crashed":
                         trajs[i].infra_failed = True
@@ -250,8 +251,7 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                 if tr.infra_failed:
                     tr.end_reason = "server_crashed"
                     continue
-                obs_text = [_observation_text(c, cfg) for c in tr._pending]
-                del tr._pending
+                obs_text = [_observation_text(c, cfg) for c in pending[i]]
                 env_ids = render_tool_responses(obs_text, tokenizer)
                 if len(tr.tokens) + len(env_ids) >= cfg.max_context:
                     tr.end_reason = "max_context"
