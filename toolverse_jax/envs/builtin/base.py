@@ -57,6 +57,13 @@ def get_row(table: str, key: str, what: str) -> dict:
     return rows[key]
 
 
+def delete_row(table: str, key: str, what: str) -> dict:
+    """Removes row `key` of `table` (tool error if absent); returns {"<what>_id": key, "deleted": True}."""
+    get_row(table, key, what)
+    del db()[table][key]
+    return {f"{what}_id": key, "deleted": True}
+
+
 class Domain:
     """A built-in server definition: name, description, seeded initial state, tools."""
 

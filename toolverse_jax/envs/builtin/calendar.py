@@ -3,7 +3,7 @@
 from typing_extensions import TypedDict
 
 from toolverse_jax.envs.builtin import fixtures
-from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, get_row, next_id
+from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, delete_row, get_row, next_id
 
 
 class Event(TypedDict):
@@ -114,9 +114,7 @@ def update_event(event_id: str, title: str = "", date: str = "", start_time: str
 @DOMAIN.tool
 def delete_event(event_id: str) -> Deleted:
     """Delete an event."""
-    get_row("events", event_id, "event")
-    del db()["events"][event_id]
-    return {"event_id": event_id, "deleted": True}
+    return delete_row("events", event_id, "event")
 
 
 @DOMAIN.tool

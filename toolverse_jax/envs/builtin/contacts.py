@@ -3,7 +3,7 @@
 from typing_extensions import TypedDict
 
 from toolverse_jax.envs.builtin import fixtures
-from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, get_row, next_id
+from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, delete_row, get_row, next_id
 
 
 class Contact(TypedDict):
@@ -101,9 +101,7 @@ def update_contact(contact_id: str, name: str = "", email: str = "", phone: str 
 @DOMAIN.tool
 def delete_contact(contact_id: str) -> Deleted:
     """Delete a contact."""
-    get_row("contacts", contact_id, "contact")
-    del db()["contacts"][contact_id]
-    return {"contact_id": contact_id, "deleted": True}
+    return delete_row("contacts", contact_id, "contact")
 
 
 @DOMAIN.tool

@@ -3,7 +3,7 @@
 from typing_extensions import TypedDict
 
 from toolverse_jax.envs.builtin import fixtures
-from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, get_row, next_id
+from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, delete_row, get_row, next_id
 
 
 class Email(TypedDict):
@@ -147,9 +147,7 @@ def mark_email(email_id: str, read: bool = True) -> Email:
 @DOMAIN.tool
 def delete_email(email_id: str) -> Deleted:
     """Delete an email permanently."""
-    get_row("emails", email_id, "email")
-    del db()["emails"][email_id]
-    return {"email_id": email_id, "deleted": True}
+    return delete_row("emails", email_id, "email")
 
 
 @DOMAIN.tool

@@ -3,7 +3,7 @@
 from typing_extensions import TypedDict
 
 from toolverse_jax.envs.builtin import fixtures
-from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, get_row, next_id
+from toolverse_jax.envs.builtin.base import Domain, clone, db, fail, delete_row, get_row, next_id
 
 
 class Note(TypedDict):
@@ -85,9 +85,7 @@ def append_to_note(note_id: str, text: str) -> Note:
 @DOMAIN.tool
 def delete_note(note_id: str) -> Deleted:
     """Delete a note."""
-    get_row("notes", note_id, "note")
-    del db()["notes"][note_id]
-    return {"note_id": note_id, "deleted": True}
+    return delete_row("notes", note_id, "note")
 
 
 @DOMAIN.tool
