@@ -266,7 +266,6 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                                  f"{rcfg.max_context}; raise it")
             return rows
 
-        summary: dict[str, Any] = {}
         pbar = None
         if config.train.progress:
             from tqdm import tqdm
@@ -349,7 +348,6 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                     shown = {k.split("/")[-1]: round(v, 3) for k, v in metrics.items()
                              if k in ("loss", "rollout/success_rate", "eval/success_rate")}
                     pbar.set_postfix(shown)
-                summary = metrics
         if pbar is not None:
             pbar.close()
         records = log.records()

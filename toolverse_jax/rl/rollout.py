@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import jax
 import numpy as np
 
 from toolverse_jax.envs import EnvPool, Episode
-from toolverse_jax.models.chat import (render_assistant, render_chat, render_prompt,
-                                       render_tool_responses)
+from toolverse_jax.models.chat import render_chat, render_prompt, render_tool_responses
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.models.toolcall import parse_tool_calls_lenient
 from toolverse_jax.sampling import SampleOutput, SamplingParams, generate
