@@ -34,6 +34,11 @@ EXTRAS = {
     # Third-party MCP servers launched unmodified over stdio (PyPI side; npm ones via
     # `python -m experiments.install_servers`).
     "servers": ["mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19"],
+    # BFCL multi-turn evaluation: the deps of the part of bfcl-eval we import. bfcl-eval itself pins
+    # numpy 1.26.4 / networkx 3.3, so it goes in without its deps, which extras cannot express:
+    # `python -m experiments.install_servers` (CI runs it) or
+    # `pip install --no-deps bfcl-eval==2026.3.23`.
+    "bfcl": ["mpmath==1.3.0"],
 }
 EXTRAS["test"] = [
     "pytest==9.2.0",

@@ -2,6 +2,7 @@
 
     python -m experiments.install_servers            # pip + npm install, then harvest
     python -m experiments.install_servers --harvest-only
+    python -m experiments.install_servers --only bfcl   # just bfcl-eval (--no-deps)
 
 PyPI servers go into the current Python env (versions pinned below, verified with mcp 2.3.0);
 npm servers into `<repo>/.mcp_servers/node_modules` (gitignored). A server that fails to install
@@ -20,6 +21,11 @@ PIP_PINS = ["mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19"]
 # mcp-server-sqlite uses the mcp 1.x server API (`Server.list_resources` decorators, gone in 2.x):
 # it gets its own venv under .mcp_servers/py-sqlite with mcp pinned to 1.x.
 SQLITE_PINS = ["mcp-server-sqlite==2025.4.25", "mcp==1.27.0"]
+# BFCL (bfcl-eval, Apache-2.0): its declared deps pin numpy 1.26.4 / networkx 3.3 (ours are 2.x /
+# 3.6), and pip extras cannot say --no-deps, so it is installed here without its deps plus the one
+# the imported subset (data, multi_turn_eval API classes and checker) needs: mpmath (MathAPI).
+BFCL_PINS = ["bfcl-eval==2026.3.23"]
+BFCL_DEPS = ["mpmath==1.3.0"]
 NPM_PINS = ["@modelcontextprotocol/server-filesystem@2026.8.31", "@modelcontextprotocol/server-memory@2026.8.31",
             "@modelcontextprotocol/server-everything@2026.8.31"]
 
@@ -27,6 +33,21 @@ NPM_PINS = ["@modelcontextprotocol/server-filesystem@2026.8.31", "@modelcontextp
 def pip_install() -> bool:
     r = subprocess.run([sys.executable, "-m", "pip", "install", *PIP_PINS], capture_output=True, text=True)
     print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install " + " ".join(PIP_PINS))
+    if r.returncode:
+        print(r.stderr[-2000:])
+    return r.returncode == 0
+
+
+def bfcl_install() -> bool:
+    """pip-installs bfcl-eval with --no-deps (see BFCL_PINS) and checks the import path we use."""
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *BFCL_PINS, *BFCL_DEPS],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        r = subprocess.run([sys.executable, "-c", "from toolverse_jax.envs import bfcl; bfcl.require(); "
+                            "from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import "
+                            "multi_turn_checker; [bfcl.api_class(c)() for c in bfcl.SERVERS]"],
+                           capture_output=True, text=True)
+    print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install --no-deps " + " ".join(BFCL_PINS + BFCL_DEPS))
     if r.returncode:
         print(r.stderr[-2000:])
     return r.returncode == 0
@@ -85,9 +106,13 @@ def harvest_third_party() -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--harvest-only", action="store_true")
+    p.add_argument("--only", choices=["bfcl"], help="install just this group and exit")
     a = p.parse_args(argv)
+    if a.only == "bfcl":
+        sys.exit(0 if bfcl_install() else 1)
     if not a.harvest_only:
         pip_install()
+        bfcl_install()
         sqlite_venv_install()
         npm_install()
     from toolverse_jax.envs.harvest import harvest_builtin

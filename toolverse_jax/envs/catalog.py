@@ -21,7 +21,10 @@ PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 CATALOG_DIR = os.path.join(PKG_DIR, "catalog")
 MANIFEST_DIR = os.path.join(PKG_DIR, "manifests")
 REPO_ROOT = os.path.dirname(os.path.dirname(PKG_DIR))
-KINDS = ("builtin", "synthesized", "third_party")
+KINDS = ("builtin", "synthesized", "third_party", "bfcl")
+# What Catalog.default() returns when no kinds are named: BFCL's backends (envs/bfcl.py) are an
+# evaluation benchmark, kept out of DUSA's training catalog unless asked for by name.
+DEFAULT_KINDS = ("builtin", "synthesized", "third_party")
 HIDDEN_PREFIX = "_tv_"
 
 
@@ -132,14 +135,15 @@ class Catalog:
     @classmethod
     def default(cls, kinds: tuple[str, ...] | None = None, include_hidden: bool = False,
                 catalog_dir: str = CATALOG_DIR) -> "Catalog":
-        """Returns the catalog of catalog_dir/*.json, optionally only some kinds."""
+        """Returns the catalog of catalog_dir/*.json: the DEFAULT_KINDS, or only `kinds`."""
         for k in kinds or ():
             if k not in KINDS:
                 raise ValueError(f"unknown server kind {k!r}; kinds are {KINDS}")
         entries = []
         for p in sorted(glob.glob(os.path.join(catalog_dir, "*.json"))):
             entries += _entries_from(p)
-        return cls([e for e in entries if (kinds is None or e.kind in kinds) and (include_hidden or not e.hidden)])
+        wanted = DEFAULT_KINDS if kinds is None else kinds
+        return cls([e for e in entries if e.kind in wanted and (include_hidden or not e.hidden)])
 
     @property
     def servers(self) -> list[ServerEntry]:

@@ -1,0 +1,183 @@
+"""Evaluation policies: our KV-cache sampler on a checkpoint (HF dir or orbax run), token in /
+token out over multi-turn dialogs.
+
+A dialog's ids are built by appending, never by re-tokenizing: the first prompt
+(`render_prompt`), each sampled turn, the tool responses (`render_tool_responses`) or the next
+user turn (`render_user_turn`), exactly as the RL rollout does, so a checkpoint is evaluated on
+the format it was trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from toolverse_jax.models import get_preset, init_params, load_hf_checkpoint, load_tokenizer
+from toolverse_jax.models.chat import IM_END, render_prompt, render_tool_responses, render_user_turn
+from toolverse_jax.models.config import ModelConfig
+from toolverse_jax.sampling import SamplingParams, bucket_length, generate
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_kind(path: str) -> str:
+    """Returns "hf" (config.json + safetensors) or "orbax" (a training workdir or its
+    checkpoints/ folder); raises naming the path and what it should hold."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint {path!r} is not a directory: pass an HF model dir "
+                                f"(config.json + *.safetensors) or a training --workdir")
+    if os.path.exists(os.path.join(path, "config.json")):
+        return "hf"
+    if _orbax_dir(path) is not None:
+        return "orbax"
+    raise ValueError(f"checkpoint {path!r} holds neither an HF model (config.json) nor orbax run "
+                     f"checkpoints (checkpoints/<step>/): pass an HF dir or a training --workdir")
+
+
+def _orbax_dir(path: str) -> str | None:
+    for cand in (os.path.join(path, "checkpoints"), path):
+        if os.path.isdir(cand) and any(n.isdigit() for n in os.listdir(cand)):
+            return cand
+    return None
+
+
+def load_orbax_params(workdir: str, step: int | None = None) -> tuple[ModelConfig, Any, int]:
+    """Returns (ModelConfig, policy params, step) from a training run's orbax checkpoints."""
+    import orbax.checkpoint as ocp
+
+    from toolverse_jax.rl.trainer import init_train_state, make_optimizer
+
+    ckpt_dir = _orbax_dir(workdir)
+    if ckpt_dir is None:
+        raise FileNotFoundError(f"no orbax checkpoints under {workdir!r} (expected checkpoints/<step>/)")
+    mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir))
+    try:
+        step = mngr.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no finished checkpoint step under {ckpt_dir!r}")
+        meta = dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+        if "model_config" not in meta:
+            raise ValueError(f"checkpoint {ckpt_dir}/{step} has no model_config in its metadata; "
+                             f"it was not written by experiments.train")
+        cfg = ModelConfig(**meta["model_config"])
+        # The saved train state is (step, params, AdamW state); every run's optimizer has the
+        # same structure, so an abstract state of a fresh one is the restore target.
+        params_like = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+        state_like = jax.eval_shape(lambda p: init_train_state(p, make_optimizer(1e-3, 1, 2)), params_like)
+        items = {"state": ocp.args.StandardRestore(state_like)}
+        if meta.get("has_ref"):
+            items["ref"] = ocp.args.StandardRestore(params_like)
+        out = mngr.restore(step, args=ocp.args.Composite(**items))
+    finally:
+        mngr.close()
+    return cfg, out["state"].params, int(step)
+
+
+def load_model(checkpoint: str, preset: str = "tiny", dtype: str = "float32",
+               seed: int = 0) -> tuple[ModelConfig, Any, str]:
+    """Returns (ModelConfig, params, description) from an HF dir, an orbax run, or (checkpoint
+    "") a randomly initialized preset."""
+    if not checkpoint:
+        cfg = get_preset(preset, dtype=dtype, param_dtype=dtype)
+        return cfg, init_params(cfg, jax.random.key(seed)), f"random init of preset {preset!r}"
+    if checkpoint_kind(checkpoint) == "hf":
+        cfg, params = load_hf_checkpoint(checkpoint, dtype=jnp.dtype(dtype))
+        return cfg, params, f"HF checkpoint {checkpoint}"
+    cfg, params, step = load_orbax_params(checkpoint)
+    return cfg, params, f"orbax checkpoint {checkpoint} step {step}"
+
+
+def resolve_tokenizer(name: str, checkpoint: str):
+    """Returns the tokenizer: `name`, or ("" ) the checkpoint's own when it ships one, else byte."""
+    if name:
+        return load_tokenizer(name)
+    if checkpoint and any(os.path.exists(os.path.join(checkpoint, f))
+                          for f in ("tokenizer.json", "tokenizer_config.json")):
+        return load_tokenizer(checkpoint)
+    return load_tokenizer("byte")
+
+
+@dataclasses.dataclass
+class SamplerAgent:
+    """Multi-turn policy over `Dialog`s (eval/bfcl.py) backed by the jitted sampler.
+
+    A dialog whose next step would not fit `max_context` is stopped ("max_context"), which BFCL
+    scores as force-terminated.
+    """
+
+    params: Any
+    cfg: ModelConfig
+    tokenizer: Any
+    sampling: SamplingParams
+    tool_format: str = "json"
+    max_context: int = 8192
+    seed: int = 0
+    name: str = "sampler"
+
+    def __post_init__(self):
+        self._rng = jax.random.key(self.seed)
+        self._im_end = self.tokenizer.encode(IM_END)
+
+    def _extend(self, d) -> bool:
+        st = d.scratch
+        if "tokens" not in st:
+            st["tokens"] = render_prompt(d.messages, self.tokenizer, d.tools, self.tool_format)
+        else:
+            new = d.messages[st["rendered"]:]
+            if new and new[0]["role"] == "tool":
+                st["tokens"] += render_tool_responses([m["content"] for m in new], self.tokenizer)
+            elif new:
+                if len(new) != 1 or new[0]["role"] != "user":
+                    raise ValueError(f"dialog {d.entry.id}: expected one user message, got "
+                                     f"{[m['role'] for m in new]}")
+                st["tokens"] += render_user_turn(new[0]["content"], self.tokenizer)
+        st["rendered"] = len(d.messages)
+        limit = min(self.max_context, self.cfg.max_seq_len)
+        return bucket_length(len(st["tokens"])) + self.sampling.max_new_tokens <= limit
+
+    def act(self, dialogs: Sequence) -> list[str]:
+        from toolverse_jax.eval.bfcl import stop_dialog
+
+        out = [""] * len(dialogs)
+        rows = []
+        for j, d in enumerate(dialogs):
+            if self._extend(d):
+                rows.append(j)
+            else:
+                stop_dialog(d, "max_context")
+        if not rows:
+            return out
+        self._rng, key = jax.random.split(self._rng)
+        sample = generate(self.params, self.cfg, [dialogs[j].scratch["tokens"] for j in rows],
+                          self.sampling, key)
+        for r, j in enumerate(rows):
+            n = int(sample.lengths[r])
+            ids = [int(t) for t in sample.tokens[r, :n]]
+            st = dialogs[j].scratch
+            # a cut-off turn is closed so the next rendered block starts a fresh message
+            st["tokens"] += ids if bool(sample.stopped[r]) else ids + self._im_end
+            st["rendered"] += 1  # the assistant message the runner appends for this text
+            out[j] = self.tokenizer.decode(ids)
+        return out
+
+
+def sampling_params(tokenizer, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                    top_k: int = 0) -> SamplingParams:
+    """Returns SamplingParams that stop at <|im_end|> / <|endoftext|>."""
+    stop = tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"], strict=False))
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, stop_token_ids=stop, pad_id=tokenizer.pad_id)
+
+
+def describe(params: Any) -> dict:
+    """Returns {"num_params"} of a params pytree."""
+    return {"num_params": int(sum(x.size for x in jax.tree.leaves(params)))}
+
+
+__all__ = ["SamplerAgent", "checkpoint_kind", "describe", "load_model", "load_orbax_params",
+           "resolve_tokenizer", "sampling_params"]
