@@ -31,6 +31,7 @@ def get_config() -> ConfigDict:
     c.tasks.split_by = "task"       # "task" | "toolset" | "server"
     c.tasks.eval_fraction = 0.15
     c.tasks.gen_seed = 0
+    c.tasks.max_literal_chars = 0   # > 0: keep tasks whose gold literals are at most this long
 
     c.env = ConfigDict()
     c.env.num_workers = 1
@@ -76,7 +77,8 @@ def get_config() -> ConfigDict:
 
     c.train = ConfigDict()
     c.train.num_micro = 1           # gradient accumulation micro-batches per step
-    c.train.eval_every = 10
+    c.train.eval_every = 10         # RL steps between held-out evals (0 = never)
+    c.train.sft_eval_every = 0      # SFT steps between held-out evals (0 = only at SFT's end)
     c.train.eval_tasks = 32
     c.train.checkpoint_every = 10
     c.train.keep_checkpoints = 2

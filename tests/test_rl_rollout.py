@@ -141,3 +141,30 @@ def test_shaped_reward_adds_call_and_gold_turn_bonuses():
     assert shaped_reward(t, cfg) == pytest.approx(0.2 * 0.75 + 0.4 * 0.5)
     t.success = True
     assert shaped_reward(t, cfg) == pytest.approx(1.0 + 0.15 + 0.2)
+
+
+def test_quickstart_filter_drops_unanswerable_and_long_literal_tasks():
+    import dataclasses
+    from configs.quickstart import get_config
+    from toolverse_jax.rl.loop import _filter_tasks, answer_visible, max_literal_chars
+    from toolverse_jax.tasks.task import GoldStep
+    base = load_or_generate_quickstart_tasks()[0]
+    step = GoldStep(server="calendar", tool="get_event", name="get_event",
+                    arguments={"event_id": "ev_0007"},
+                    observation={"attendees": ["a" * 80], "title": "Customer call"})
+    hidden = dataclasses.replace(base, stages=[[step]],
+                                 verifier={"kind": "exact", "value": "Customer call"})
+    long_arg = dataclasses.replace(hidden, stages=[[dataclasses.replace(
+        step, arguments={"event_id": "ev_0007", "note": "x" * 40})]])
+    assert max_literal_chars(hidden) == len('"ev_0007"') and max_literal_chars(long_arg) == 42
+    assert answer_visible(hidden, RolloutConfig(max_observation_chars=1000))
+    assert not answer_visible(hidden, RolloutConfig(max_observation_chars=60))  # title cut off
+    c = get_config()
+    c.rollout.max_observation_chars = 1000
+    c.tasks.max_literal_chars = 24
+    assert _filter_tasks([hidden, long_arg], c) == [hidden]
+    c.rollout.max_observation_chars = 60
+    assert _filter_tasks([hidden, long_arg], c) == []
+    c.tasks.max_literal_chars = 0
+    c.rollout.max_observation_chars = 1000
+    assert _filter_tasks([hidden, long_arg], c) == [hidden, long_arg]

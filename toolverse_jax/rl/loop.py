@@ -24,7 +24,7 @@ from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.rl.batching import compute_advantages, trajectory_rows
 from toolverse_jax.rl.checkpoint import RunCheckpointer
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
-                                      prompt_tool_specs, run_rollouts)
+                                      observation_text, prompt_tool_specs, run_rollouts)
 from toolverse_jax.rl.trainer import (LossConfig, TrainBatch, init_train_state, make_optimizer,
                                       make_train_step, pack_rows, score_jit)
 from toolverse_jax.sampling import SamplingParams
@@ -72,6 +72,7 @@ def load_tasks(config: ConfigDict, workdir: str) -> dict[str, list[Task]]:
         tasks = read_tasks(t.path)
     else:
         raise ValueError(f"config.tasks.source={t.source!r}; use 'quickstart', 'search' or 'gust'")
+    tasks = _filter_tasks(tasks, config)
     if t.split_by == "task":
         order = np.random.default_rng(t.gen_seed).permutation(len(tasks))
         n_eval = max(1, int(round(t.eval_fraction * len(tasks))))
@@ -80,6 +81,38 @@ def load_tasks(config: ConfigDict, workdir: str) -> dict[str, list[Task]]:
     splits = split_tasks(tasks, by=t.split_by, fractions=(1 - t.eval_fraction, 0.0,
                                                            t.eval_fraction), seed=t.gen_seed)
     return {"train": splits["train"], "eval": splits["test"]}
+
+
+def max_literal_chars(task: Task) -> int:
+    """Returns the length of the longest JSON-encoded argument value in the task's gold chain."""
+    return max((len(json.dumps(v, ensure_ascii=False)) for stage in task.stages for step in stage
+                for v in step.arguments.values()), default=0)
+
+
+def answer_visible(task: Task, rcfg: RolloutConfig) -> bool:
+    """Returns whether an exact/set gold answer appears in the final stage's observations as the
+    policy will see them (cut at rcfg.max_observation_chars); state-verified tasks always pass."""
+    v = task.verifier
+    if v["kind"] not in ("exact", "set") or not task.stages:
+        return True
+    seen = " ".join(observation_text(s.observation, rcfg) for s in task.stages[-1])
+    values = [v["value"]] if v["kind"] == "exact" else v["values"]
+    return all(str(x) in seen for x in values)
+
+
+def _filter_tasks(tasks: list[Task], config: ConfigDict) -> list[Task]:
+    """Drops tasks the configured rollouts cannot solve (answer cut from the observation) and,
+    when config.tasks.max_literal_chars > 0, tasks whose gold calls need longer literals
+    (a curriculum knob: a tiny byte-level model learns to copy short ids before long strings)."""
+    rcfg = _rollout_config(config)
+    limit = int(config.tasks.get("max_literal_chars", 0) or 0)
+    kept = [t for t in tasks if answer_visible(t, rcfg) and
+            (limit <= 0 or max_literal_chars(t) <= limit)]
+    if len(kept) < len(tasks):
+        print(f"tasks: kept {len(kept)} of {len(tasks)} (answer visible within "
+              f"max_observation_chars={rcfg.max_observation_chars}"
+              + (f", literals <= {limit} chars" if limit > 0 else "") + ")", flush=True)
+    return kept
 
 
 def _rollout_config(config: ConfigDict) -> RolloutConfig:
@@ -332,9 +365,11 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                 metrics["time/step_s"] = time.time() - t0
                 last = done == total
                 rl_done = done - sft_steps
+                sft_every = int(config.train.get("sft_eval_every", 0) or 0)
                 if config.train.eval_every > 0 and (
                         last or done == sft_steps or
-                        (rl_done > 0 and rl_done % config.train.eval_every == 0)):
+                        (rl_done > 0 and rl_done % config.train.eval_every == 0) or
+                        (rl_done < 0 and sft_every > 0 and done % sft_every == 0)):
                     metrics.update(evaluate(state.params, pool))
                 log.write(done, metrics)
                 if last or done % config.train.checkpoint_every == 0 or done == sft_steps:

@@ -159,7 +159,7 @@ def gold_demonstration(task: Task, tools: list[dict], tokenizer, cfg: RolloutCon
         messages.append({"role": "assistant", "content": "",
                          "tool_calls": [{"name": s.name, "arguments": s.arguments} for s in stage]})
         for s in stage:
-            messages.append({"role": "tool", "content": _observation_text(s.observation, cfg)})
+            messages.append({"role": "tool", "content": observation_text(s.observation, cfg)})
     messages.append({"role": "assistant", "content": f"<answer>{_answer_text(task)}</answer>"})
     r = render_chat(messages, tokenizer, tools=tools, tool_format=cfg.tool_format)
     token_turn = [-1] * len(r.tokens)
@@ -169,7 +169,8 @@ def gold_demonstration(task: Task, tools: list[dict], tokenizer, cfg: RolloutCon
     return r.tokens, r.policy_mask, token_turn
 
 
-def _observation_text(obs: Any, cfg: RolloutConfig) -> str:
+def observation_text(obs: Any, cfg: RolloutConfig) -> str:
+    """Returns a tool result as the policy sees it: JSON text, cut at cfg.max_observation_chars."""
     text = obs if isinstance(obs, str) else json.dumps(obs, ensure_ascii=False, sort_keys=True)
     if len(text) > cfg.max_observation_chars:
         text = text[:cfg.max_observation_chars] + f"... [truncated {len(text)} chars]"
@@ -250,7 +251,7 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                 if tr.infra_failed:
                     tr.end_reason = "server_crashed"
                     continue
-                obs_text = [_observation_text(c, cfg) for c in pending[i]]
+                obs_text = [observation_text(c, cfg) for c in pending[i]]
                 env_ids = render_tool_responses(obs_text, tokenizer)
                 if len(tr.tokens) + len(env_ids) >= cfg.max_context:
                     tr.end_reason = "max_context"
