@@ -19,6 +19,8 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     from toolverse_jax.rl.loop import run_training
+    if _CONFIG.value.get("method") == "memory_r2":
+        from toolverse_jax.memory.train import run_memory_training as run_training
     summary = run_training(_CONFIG.value, _WORKDIR.value)
     print(json.dumps(summary))
 

@@ -7,7 +7,7 @@ import argparse
 import importlib
 
 DOMAINS = ("mail", "calendar", "contacts", "bank", "shop", "travel", "notes", "tickets", "faulty",
-           "search")
+           "search", "memory_bank")
 
 
 def load_domain(name: str):
