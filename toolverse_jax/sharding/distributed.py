@@ -1,0 +1,96 @@
+"""Multi-host: `jax.distributed.initialize` from config/env, per-process batch slices, and
+assembling the global batch from each process's local rows.
+
+Env vars win over `config.distributed`: TOOLVERSE_COORDINATOR (host:port),
+TOOLVERSE_NUM_PROCESSES, TOOLVERSE_PROCESS_ID. On CPU the collectives are gloo.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from toolverse_jax.rl.trainer import TrainBatch, pack_rows
+from toolverse_jax.sharding.mesh import batch_sharding
+
+
+def distributed_settings(config: Any = None) -> dict[str, Any] | None:
+    """Returns {coordinator_address, num_processes, process_id} or None for a single process."""
+    d = dict(config.get("distributed", {}) or {}) if config is not None else {}
+    addr = os.environ.get("TOOLVERSE_COORDINATOR", d.get("coordinator_address", ""))
+    n = int(os.environ.get("TOOLVERSE_NUM_PROCESSES", d.get("num_processes", 1) or 1))
+    pid = int(os.environ.get("TOOLVERSE_PROCESS_ID", d.get("process_id", 0) or 0))
+    if n <= 1:
+        return None
+    if not addr:
+        raise ValueError(f"num_processes={n} needs a coordinator address: set "
+                         "TOOLVERSE_COORDINATOR=host:port or config.distributed.coordinator_address")
+    if not 0 <= pid < n:
+        raise ValueError(f"process_id={pid} is outside [0, {n}); set TOOLVERSE_PROCESS_ID")
+    return {"coordinator_address": addr, "num_processes": n, "process_id": pid}
+
+
+def initialize(config: Any = None) -> int:
+    """Initializes jax.distributed when configured (call before any JAX computation); returns
+    the process count. Idempotent."""
+    s = distributed_settings(config)
+    if s is None:
+        return 1
+    if jax.distributed.is_initialized():
+        return jax.process_count()
+    if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(**s)
+    return jax.process_count()
+
+
+def process_slice(items: Sequence, index: int | None = None, count: int | None = None) -> list:
+    """Returns this process's contiguous slice of `items` (len must divide by the count)."""
+    index = jax.process_index() if index is None else index
+    count = jax.process_count() if count is None else count
+    if len(items) % count:
+        raise ValueError(f"{len(items)} items do not split over {count} processes; make the "
+                         f"per-step task count a multiple of {count}")
+    per = len(items) // count
+    return list(items[index * per:(index + 1) * per])
+
+
+def _global_max(x: int) -> int:
+    if jax.process_count() == 1:
+        return int(x)
+    from jax.experimental import multihost_utils
+    return int(np.max(multihost_utils.process_allgather(np.asarray(x, np.int32))))
+
+
+def global_batch(rows: Sequence[dict], pad_id: int, mesh: Mesh, num_micro: int = 1) -> TrainBatch:
+    """Returns the global TrainBatch [sum of rows, L] on `mesh` from this process's rows; all
+    processes agree on L (the max bucket) and pad to the same row count (zero-mask rows)."""
+    local = pack_rows(rows, pad_id, num_micro)
+    length = _global_max(local.tokens.shape[1])
+    nrows = _global_max(local.tokens.shape[0])
+
+    def pad(x, fill):
+        return np.pad(np.asarray(x), ((0, nrows - x.shape[0]), (0, length - x.shape[1])),
+                      constant_values=fill)
+
+    fills = {"tokens": pad_id, "targets": pad_id}
+    local = TrainBatch(*(pad(x, fills.get(f, 0)) for f, x in zip(TrainBatch._fields, local)))
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+        batch_sharding(mesh, x.ndim), x), local)
+
+
+def local_params(tree):
+    """Returns a process-local copy of (replicated or sharded) global params, for sampling."""
+    from jax.experimental import multihost_utils
+    def one(x):
+        if x.is_fully_addressable:
+            return x
+        if x.is_fully_replicated:
+            return jax.device_put(x.addressable_data(0), jax.local_devices()[0])
+        return jax.device_put(multihost_utils.process_allgather(x, tiled=True),
+                              jax.local_devices()[0])
+    return jax.tree.map(one, tree)
