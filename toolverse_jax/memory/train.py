@@ -29,9 +29,9 @@ from toolverse_jax.memory.logo import logo_advantages, trajectory_rows
 from toolverse_jax.memory.roles import ROLES, check_roles
 from toolverse_jax.models import load_tokenizer
 from toolverse_jax.rl.checkpoint import RunCheckpointer
-from toolverse_jax.rl.loop import MetricsLog, build_model, plot_curve
+from toolverse_jax.rl.loop import MetricsLog, build_model, phase_optimizers, plot_curve
 from toolverse_jax.rl.rollout import SamplerPolicy
-from toolverse_jax.rl.trainer import (LossConfig, TrainBatch, init_train_state, make_optimizer,
+from toolverse_jax.rl.trainer import (LossConfig, TrainBatch, init_train_state,
                                       make_train_step, pack_rows, score_jit)
 from toolverse_jax.sampling import SamplingParams
 from toolverse_jax.sharding import batch_sharding, make_mesh, shard_params, sharding_context
@@ -107,10 +107,7 @@ def run_memory_training(config: ConfigDict, workdir: str) -> dict:
     locomo = load_locomo(d.locomo_path, d.locomo_limit or None) if d.locomo_path else []
     sft_steps, rl_steps = config.sft.steps, config.rl.steps
     total = sft_steps + rl_steps
-    sft_opt = make_optimizer(config.sft.lr, config.sft.warmup_steps, max(sft_steps, 1))
-    rl_opt = make_optimizer(config.rl.lr, config.rl.warmup_steps, max(rl_steps, 1),
-                            weight_decay=config.rl.weight_decay,
-                            max_grad_norm=config.rl.max_grad_norm)
+    sft_opt, rl_opt = phase_optimizers(config)
     num_micro = config.train.num_micro
     curriculum = Curriculum(tuple(config.curriculum.stages), config.curriculum.threshold,
                             config.curriculum.min_evals)

@@ -115,6 +115,14 @@ def _filter_tasks(tasks: list[Task], config: ConfigDict) -> list[Task]:
     return kept
 
 
+def phase_optimizers(config: ConfigDict):
+    """Returns (sft optimizer, rl optimizer) from config.sft and config.rl."""
+    sft, rl = config.sft, config.rl
+    return (make_optimizer(sft.lr, sft.warmup_steps, max(sft.steps, 1)),
+            make_optimizer(rl.lr, rl.warmup_steps, max(rl.steps, 1),
+                           weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
+
+
 def _rollout_config(config: ConfigDict) -> RolloutConfig:
     r = config.rollout
     return RolloutConfig(max_turns=r.max_turns, max_context=r.max_context,
@@ -240,10 +248,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
     greedy = dataclasses.replace(sampling, temperature=0.0, top_k=0, top_p=1.0)
     sft_steps, rl_steps = config.sft.steps, config.rl.steps
     total = sft_steps + rl_steps
-    sft_opt = make_optimizer(config.sft.lr, config.sft.warmup_steps, max(sft_steps, 1))
-    rl_opt = make_optimizer(config.rl.lr, config.rl.warmup_steps, max(rl_steps, 1),
-                            weight_decay=config.rl.weight_decay,
-                            max_grad_norm=config.rl.max_grad_norm)
+    sft_opt, rl_opt = phase_optimizers(config)
     num_micro = config.train.num_micro
 
     with sharding_context(mesh):
