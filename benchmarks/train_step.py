@@ -156,7 +156,10 @@ def bench_rl_step(a: argparse.Namespace) -> dict:
     from toolverse_jax.tasks import load_or_generate_quickstart_tasks
 
     config = get_config()
-    tokenizer = load_tokenizer(config.model.tokenizer)
+    # The run's "trained" BPE is built from its tasks by the training loop; the step-time split
+    # here runs on the byte tokenizer (the tiny preset's vocab).
+    tokenizer = load_tokenizer("byte" if config.model.tokenizer == "trained"
+                               else config.model.tokenizer)
     cfg = get_preset(config.model.preset)
     rcfg = _rollout_config(config)
     r = config.rollout

@@ -14,7 +14,10 @@ def get_config() -> ConfigDict:
     c.model = ConfigDict()
     c.model.preset = "tiny"
     c.model.checkpoint = ""         # HF directory to start from instead of random init
-    c.model.tokenizer = "byte"      # "byte" | "qwen3" | a local HF tokenizer dir
+    # "trained": a byte-level BPE trained on the train split's gold chains (WORKDIR/tokenizer),
+    # ~3x fewer ids than "byte"; or "byte" | "qwen3" | a local HF tokenizer dir.
+    c.model.tokenizer = "trained"
+    c.model.tokenizer_vocab = 1024
     c.model.dtype = "float32"
     c.model.remat = False
 

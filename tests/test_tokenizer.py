@@ -220,3 +220,31 @@ def test_load_tokenizer_errors():
     assert isinstance(load_tokenizer("byte"), ByteTokenizer)
     with pytest.raises(ValueError, match="'byte', 'qwen3'"):
         load_tokenizer("/no/such/dir")
+
+
+def test_trained_bpe_round_trips_and_copies_literals_context_free(tmp_path):
+    from toolverse_jax.models.tokenizer import train_bpe_tokenizer
+    texts = [f'<|im_start|>user\nCreate note with title "Budget review {i}".<|im_end|>\n'
+             f'<tool_call>\n{{"name": "create_note", "arguments": {{"title": "Budget review {i}"}}}}'
+             f'\n</tool_call><|im_end|>' for i in range(200)]
+    tok = train_bpe_tokenizer(texts, 400, tmp_path / "tok")
+    assert tok.num_ids <= 400 and tok.vocab_size % 64 == 0
+    for s in texts[:5] + ["ünïcode ✓ 𝔘 \t\n mixed_ids ev_0005", ""]:
+        assert tok.decode(tok.encode(s)) == s
+    assert len(tok.encode(texts[0])) < len(texts[0].encode()) / 2  # merges happened
+    lit = tok.encode("Budget review 7")
+    # The quoted literal is the same ids in the instruction and in the JSON argument.
+    assert _contains(tok.encode('title "Budget review 7".'), lit)
+    assert _contains(tok.encode('{"title": "Budget review 7"}}'), lit)
+    assert tok.special_ids["<|im_end|>"] == tok.eos_id
+    assert tok.encode("<tool_call>") == [tok.special_ids["<tool_call>"]]
+    again = train_bpe_tokenizer(texts, 400, tmp_path / "tok2")
+    assert again.encode(texts[3]) == tok.encode(texts[3])  # deterministic
+    with pytest.raises(ValueError, match="below"):
+        train_bpe_tokenizer(texts, 100, tmp_path / "tok3")
+    with pytest.raises(ValueError, match="built by the training run"):
+        load_tokenizer("trained")
+
+
+def _contains(seq, sub):
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))

@@ -93,12 +93,18 @@ def load_model(checkpoint: str, preset: str = "tiny", dtype: str = "float32",
 
 
 def resolve_tokenizer(name: str, checkpoint: str):
-    """Returns the tokenizer: `name`, or ("" ) the checkpoint's own when it ships one, else byte."""
-    if name:
+    """Returns the tokenizer: `name`, or ("") the checkpoint's own when it ships one (an HF
+    directory's files, or a training run's WORKDIR/tokenizer), else byte."""
+    if name and name != "trained":
         return load_tokenizer(name)
-    if checkpoint and any(os.path.exists(os.path.join(checkpoint, f))
-                          for f in ("tokenizer.json", "tokenizer_config.json")):
-        return load_tokenizer(checkpoint)
+    for d in ([checkpoint, os.path.join(checkpoint, "tokenizer")] if checkpoint else []):
+        if any(os.path.exists(os.path.join(d, f))
+               for f in ("tokenizer.json", "tokenizer_config.json")):
+            return load_tokenizer(d)
+    if name == "trained":
+        raise FileNotFoundError(
+            f"tokenizer 'trained' needs the run's saved copy, {checkpoint!r}/tokenizer; it is "
+            "missing (pass --tokenizer DIR)")
     return load_tokenizer("byte")
 
 

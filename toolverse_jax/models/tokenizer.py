@@ -446,7 +446,59 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
         return qwen3_tokenizer()
     if os.path.isdir(name_or_path):
         return HFTokenizer(name_or_path)
+    if name_or_path == "trained":
+        raise ValueError(
+            "tokenizer 'trained' is built by the training run from its tasks (rl/loop.py "
+            "build_tokenizer); elsewhere pass the directory it saved, WORKDIR/tokenizer")
     raise ValueError(
         f"unknown tokenizer {name_or_path!r}: use 'byte', 'qwen3', or a directory holding a "
         "transformers tokenizer (tokenizer.json / tokenizer_config.json)"
     )
+
+
+# Pre-tokenizer of locally trained tokenizers: letter runs, single digits and punctuation runs,
+# each with at most one leading space, then whitespace runs. Pieces never merge across a quote
+# or bracket, so a quoted literal is the same ids wherever it appears (instruction, JSON
+# argument, tool output, answer): a small model copies it id by id.
+TRAINED_PATTERN = r" ?[\p{L}_]+| ?\p{N}| ?[^\s\p{L}\p{N}_]+|\s+"
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike,
+                        special_tokens: Sequence[str] = BYTE_SPECIAL_TOKENS) -> HFTokenizer:
+    """Returns a byte-level BPE tokenizer trained on `texts`, saved as a transformers directory.
+
+    Every byte is in the base alphabet, so any text round-trips (decode(encode(s)) == s);
+    `special_tokens` come first (ids 0..) and are matched whole. vocab_size counts all ids
+    (256 bytes + specials + merges). The same texts give the same vocabulary.
+    """
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    base = 256 + len(special_tokens)
+    if vocab_size < base:
+        raise ValueError(f"train_bpe_tokenizer: vocab_size={vocab_size} is below the {base} ids "
+                         "of the byte alphabet and special tokens")
+    tok = RawTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(TRAINED_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(list(texts), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN,
+                                   unk_token=None, bos_token=None,
+                                   clean_up_tokenization_spaces=False)
+    out_dir = os.fspath(out_dir)
+    tmp = f"{out_dir}.tmp{os.getpid()}"
+    fast.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
+    if os.path.isdir(out_dir):
+        import shutil
+
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)  # a killed run never leaves a half-written tokenizer behind
+    return HFTokenizer(out_dir)

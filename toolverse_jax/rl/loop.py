@@ -21,6 +21,7 @@ from ml_collections import ConfigDict
 from toolverse_jax.envs import Catalog, EnvPool, episode_tools
 from toolverse_jax.models import get_preset, init_params, load_hf_checkpoint, load_tokenizer
 from toolverse_jax.models.config import ModelConfig
+from toolverse_jax.models.tokenizer import ByteTokenizer, train_bpe_tokenizer
 from toolverse_jax.rl.batching import compute_advantages, trajectory_rows
 from toolverse_jax.rl.checkpoint import RunCheckpointer
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
@@ -32,14 +33,41 @@ from toolverse_jax.sharding import batch_sharding, make_mesh, shard_params, shar
 from toolverse_jax.tasks import Task, load_or_generate_quickstart_tasks, read_tasks, split_tasks
 
 
+def build_tokenizer(config: ConfigDict, train_tasks: list[Task], catalog: Catalog,
+                    workdir: str):
+    """Returns the run's tokenizer. config.model.tokenizer == "trained": a byte-level BPE with
+    config.model.tokenizer_vocab ids, trained on the train split's gold demonstrations (their
+    servers' full tool lists) and saved to WORKDIR/tokenizer; a resumed run loads that copy."""
+    m = config.model
+    if m.tokenizer != "trained":
+        return load_tokenizer(m.tokenizer)
+    path = os.path.join(workdir, "tokenizer")
+    if os.path.exists(os.path.join(path, "tokenizer.json")):
+        return load_tokenizer(path)
+    byte, rcfg = ByteTokenizer(), _rollout_config(config)
+    texts, tools = [], {}
+    for task in train_tasks:
+        if task.servers not in tools:
+            tools[task.servers] = episode_tools(catalog, task.servers)[0]
+        toks, _, _ = gold_demonstration(task, tools[task.servers], byte, rcfg)
+        texts.append(byte.decode(toks))
+    tok = train_bpe_tokenizer(texts, int(m.get("tokenizer_vocab", 1024)), path)
+    print(f"tokenizer: trained {tok.num_ids} ids on {len(texts)} gold chains -> {path}",
+          flush=True)
+    return tok
+
+
 def build_model(config: ConfigDict, tokenizer) -> tuple[ModelConfig, Any]:
-    """Returns (ModelConfig, initial params) from an HF checkpoint or a preset."""
+    """Returns (ModelConfig, initial params) from an HF checkpoint or a preset. With a trained
+    tokenizer the preset's vocab_size becomes the tokenizer's (padded) size."""
     m = config.model
     if m.checkpoint:
         cfg, params = load_hf_checkpoint(m.checkpoint, dtype=jnp.dtype(m.dtype))
         cfg = cfg.replace(remat=m.remat)
     else:
         cfg = get_preset(m.preset, dtype=m.dtype, param_dtype=m.dtype, remat=m.remat)
+        if m.tokenizer == "trained":
+            cfg = cfg.replace(vocab_size=tokenizer.vocab_size)
         params = init_params(cfg, jax.random.key(config.seed))
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(
@@ -230,13 +258,15 @@ def _task_batch(ds, start: int, n: int) -> list[Task]:
 def run_training(config: ConfigDict, workdir: str) -> dict:
     """Runs (or resumes) the configured training; returns the final summary dict."""
     os.makedirs(workdir, exist_ok=True)
-    tokenizer = load_tokenizer(config.model.tokenizer)
-    cfg, params0 = build_model(config, tokenizer)
-    mesh = make_mesh(tuple(config.mesh.shape))
     tasks = load_tasks(config, workdir)
     if not tasks["train"] or not tasks["eval"]:
         raise ValueError(f"task split is empty: {len(tasks['train'])} train, "
                          f"{len(tasks['eval'])} eval; raise config.tasks.num_tasks")
+    catalog = Catalog.default(kinds=("builtin",),
+                              include_hidden=bool(config.env.get("include_hidden", False)))
+    tokenizer = build_tokenizer(config, tasks["train"], catalog, workdir)
+    cfg, params0 = build_model(config, tokenizer)
+    mesh = make_mesh(tuple(config.mesh.shape))
     train_ds = grain.MapDataset.source(tasks["train"]).shuffle(seed=config.seed).repeat()
     eval_tasks = tasks["eval"][:config.train.eval_tasks]
     rcfg = _rollout_config(config)
@@ -267,9 +297,10 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         log = MetricsLog(workdir, start if latest is not None else None)
         sft_step_fn = make_train_step(cfg, _loss_config(config, "sft"), sft_opt, num_micro)
         rl_step_fn = make_train_step(cfg, _loss_config(config, config.rl.loss), rl_opt, num_micro)
-        catalog = Catalog.default(kinds=("builtin",),
-                                  include_hidden=bool(config.env.get("include_hidden", False)))
         tasks_by_id = {t.id: t for split in tasks.values() for t in split}
+        # The reference scores every RL batch only when the loss uses it (k3 KL); TRACE scores
+        # its own states with ref_params in readiness_for_trajectories.
+        needs_ref = config.rl.kl_coef > 0 or bool(config.train.get("log_ref_kl", False))
         tool_cache: dict[tuple, list[dict]] = {}
 
         def shard_batch(batch: TrainBatch) -> TrainBatch:
@@ -353,13 +384,19 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                         batch = shard_batch(batch)
                         old_lp, _ = score_jit(state.params, batch, cfg=cfg,
                                               temperature=config.rollout.temperature)
-                        ref_lp, _ = score_jit(ref_params, batch, cfg=cfg,
-                                              temperature=config.rollout.temperature)
+                        if needs_ref:
+                            ref_lp, _ = score_jit(ref_params, batch, cfg=cfg,
+                                                  temperature=config.rollout.temperature)
+                        else:
+                            ref_lp = old_lp  # kl_coef == 0: no reference forward pass
                         batch = batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp)
                         jax.block_until_ready(batch)
                         t2 = time.time()
                         state, m = rl_step_fn(state, batch)
-                        metrics.update({k: float(v) for k, v in jax.device_get(m).items()})
+                        m = jax.device_get(m)
+                        if not needs_ref:
+                            m.pop("kl", None)  # would be KL to the pre-update policy, not ref
+                        metrics.update({k: float(v) for k, v in m.items()})
                         metrics["time/scoring_s"] = t2 - t1
                         metrics["time/update_s"] = time.time() - t2
                     sampled = sum(sum(t.policy_mask) for t in trajs)
