@@ -34,7 +34,7 @@ def get_config() -> ConfigDict:
     c.tasks.split_by = "task"       # "task" | "toolset" | "server"
     c.tasks.eval_fraction = 0.15
     c.tasks.gen_seed = 0
-    c.tasks.max_literal_chars = 0   # > 0: keep tasks whose gold literals are at most this long
+    c.tasks.max_literal_chars = 24  # > 0: keep tasks whose gold literals are at most this long
 
     c.env = ConfigDict()
     c.env.num_workers = 1
@@ -53,19 +53,19 @@ def get_config() -> ConfigDict:
     c.rollout.max_observation_chars = 200
 
     c.sft = ConfigDict()
-    c.sft.steps = 150
+    c.sft.steps = 250
     c.sft.batch_size = 16
     c.sft.lr = 3e-3
     c.sft.warmup_steps = 10
 
     c.rl = ConfigDict()
-    c.rl.steps = 30
+    c.rl.steps = 60
     c.rl.tasks_per_step = 6
     c.rl.group_size = 6
     c.rl.advantage = "grpo"         # registered estimator: grpo | turn_aware | trace | ...
     c.rl.adv = ConfigDict({"lam": 0.5, "gamma": 0.5, "eps": 1e-6})
     c.rl.ok_call_bonus = 0.0        # dense shaping: + bonus x fraction of calls that executed ok
-    c.rl.gold_turn_bonus = 0.0      # + bonus x fraction of turns matching the gold stage
+    c.rl.gold_turn_bonus = 0.5      # + bonus x fraction of turns matching the gold stage
     c.rl.loss = "ppo_clip"
     c.rl.clip_eps_low = 0.2
     c.rl.clip_eps_high = 0.28
@@ -83,6 +83,7 @@ def get_config() -> ConfigDict:
     c.train.eval_every = 10         # RL steps between held-out evals (0 = never)
     c.train.sft_eval_every = 0      # SFT steps between held-out evals (0 = only at SFT's end)
     c.train.eval_tasks = 32
+    c.train.log_ref_kl = False      # score the reference every RL step even with kl_coef 0
     c.train.checkpoint_every = 10
     c.train.keep_checkpoints = 2
     c.train.progress = True
