@@ -98,3 +98,53 @@ def test_two_process_train_step_equals_single_process(tmp_path):
     worst = max(float(np.max(np.abs(a[k] - b[k]))) for k in keys)
     assert worst <= 1e-5, worst
     print("MULTIHOST", float(a["loss"]), float(b["loss"]), worst)
+
+
+def _train_cmd(workdir):
+    return [sys.executable, "-m", "experiments.train", "--config", "configs/quickstart.py",
+            "--workdir", str(workdir), "--config.model.tokenizer=byte",
+            "--config.tasks.num_tasks=40", "--config.sft.steps=2", "--config.sft.batch_size=4",
+            "--config.rl.steps=1", "--config.rl.tasks_per_step=2", "--config.rl.group_size=2",
+            "--config.rollout.max_new_tokens=12", "--config.train.eval_tasks=2",
+            "--config.train.eval_every=1", "--config.train.progress=False"]
+
+
+def _records(workdir):
+    import json
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_two_process_training_run_matches_single_process(tmp_path):
+    """`experiments.train` on 2 processes: each samples its slice of the tasks against its own
+    env pool; SFT losses on the global batch equal the single-process run's; process 0 logs."""
+    port = _free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen(_train_cmd(tmp_path / "multi"), cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env={**env, "TOOLVERSE_COORDINATOR": f"127.0.0.1:{port}",
+                                   "TOOLVERSE_NUM_PROCESSES": "2",
+                                   "TOOLVERSE_PROCESS_ID": str(i)}) for i in range(2)]
+    procs.append(subprocess.Popen(_train_cmd(tmp_path / "single"), cwd=REPO, text=True, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, out[-3000:]
+    multi, single = _records(tmp_path / "multi"), _records(tmp_path / "single")
+    assert [r["step"] for r in multi] == [r["step"] for r in single] == [0, 1, 2, 3]
+    for a, b in zip(multi[1:3], single[1:3]):
+        assert a["phase"] == "sft"
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+        assert a["num_tokens"] == b["num_tokens"]
+    rl = multi[3]
+    assert rl["phase"] == "rl" and np.isfinite(rl["loss"])
+    # Rollout metrics cover both processes' groups: 2 tasks x 2 rollouts.
+    assert rl["rollout/infra_failed"] == 0 and 0 < rl["rollout/policy_tokens"] <= 3 * 12 + 1
+    # Held-out eval after init, at the end of SFT and at the end; 2 tasks split over 2 processes.
+    evals = [r for r in multi if "eval/success_rate" in r]
+    assert [r["step"] for r in evals] == [0, 2, 3]
+    assert all(r["eval/success_rate"] in (0.0, 0.5, 1.0) for r in evals)
+    assert os.path.exists(tmp_path / "multi" / "learning_curve.png")
+    assert os.path.isdir(tmp_path / "multi" / "checkpoints" / "3")

@@ -6,6 +6,7 @@ tensorboard events, orbax checkpoints (resume = rerun the same command) and a le
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,10 +27,12 @@ from toolverse_jax.rl.batching import compute_advantages, trajectory_rows
 from toolverse_jax.rl.checkpoint import RunCheckpointer
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
                                       observation_text, prompt_tool_specs, run_rollouts)
-from toolverse_jax.rl.trainer import (LossConfig, TrainBatch, init_train_state, make_optimizer,
-                                      make_train_step, pack_rows, score_jit)
+from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
+                                      make_train_step, score_jit)
 from toolverse_jax.sampling import SamplingParams
-from toolverse_jax.sharding import batch_sharding, make_mesh, shard_params, sharding_context
+from toolverse_jax.sharding import make_mesh, shard_params, sharding_context
+from toolverse_jax.sharding import distributed
+from toolverse_jax.sharding.distributed import barrier, gather_rows, local_params, process_slice
 from toolverse_jax.tasks import Task, load_or_generate_quickstart_tasks, read_tasks, split_tasks
 
 
@@ -208,22 +211,46 @@ class MetricsLog:
         self.tb.close()
 
 
-def rollout_metrics(trajs, prefix: str) -> dict[str, float]:
-    """Returns summary scalars of a batch of trajectories."""
-    statuses = [s for t in trajs for turn in t.turn_statuses for s in turn]
-    n_calls = max(len(statuses), 1)
-    valid = [t for t in trajs if not t.infra_failed]
-    out = {
-        f"{prefix}/success_rate": float(np.mean([t.success for t in valid])) if valid else 0.0,
-        f"{prefix}/reward": float(np.mean([t.reward for t in valid])) if valid else 0.0,
-        f"{prefix}/turns": float(np.mean([t.num_turns for t in trajs])),
-        f"{prefix}/answered": float(np.mean([t.finished for t in trajs])),
-        f"{prefix}/infra_failed": float(sum(t.infra_failed for t in trajs)),
-        f"{prefix}/policy_tokens": float(np.mean([sum(t.policy_mask) for t in trajs])),
-    }
-    for status in ("ok", "tool_error", "invalid_call", "timeout", "server_crashed", "truncated"):
-        out[f"{prefix}/rate_{status}"] = statuses.count(status) / n_calls
+_STATUSES = ("ok", "tool_error", "invalid_call", "timeout", "server_crashed", "truncated")
+
+
+def trajectory_stats(trajs) -> np.ndarray:
+    """Returns per-trajectory summary numbers [n, 7 + len(_STATUSES)] (present, success,
+    reward, turns, answered, infra_failed, policy tokens, call-status counts): the form that
+    processes all-gather so metrics are computed over the global batch."""
+    out = np.zeros((len(trajs), 7 + len(_STATUSES)), np.float64)
+    for i, t in enumerate(trajs):
+        statuses = [s for turn in t.turn_statuses for s in turn]
+        out[i, :7] = (1.0, t.success, t.reward, t.num_turns, t.finished, t.infra_failed,
+                      sum(t.policy_mask))
+        out[i, 7:] = [statuses.count(s) for s in _STATUSES]
     return out
+
+
+def metrics_from_stats(stats: np.ndarray, prefix: str) -> dict[str, float]:
+    """Returns summary scalars from `trajectory_stats` rows (rows with present == 0 are
+    padding from an uneven split over processes)."""
+    stats = stats[stats[:, 0] > 0]
+    valid = stats[stats[:, 5] == 0]
+    mean = lambda col, rows: float(np.mean(rows[:, col])) if len(rows) else 0.0
+    out = {
+        f"{prefix}/success_rate": mean(1, valid),
+        f"{prefix}/reward": mean(2, valid),
+        f"{prefix}/turns": mean(3, stats),
+        f"{prefix}/answered": mean(4, stats),
+        f"{prefix}/infra_failed": float(np.sum(stats[:, 5])),
+        f"{prefix}/policy_tokens": mean(6, stats),
+    }
+    counts = stats[:, 7:].sum(0)
+    n_calls = max(float(counts.sum()), 1.0)
+    for j, status in enumerate(_STATUSES):
+        out[f"{prefix}/rate_{status}"] = float(counts[j]) / n_calls
+    return out
+
+
+def rollout_metrics(trajs, prefix: str) -> dict[str, float]:
+    """Returns summary scalars of a batch of trajectories (all processes' when multi-host)."""
+    return metrics_from_stats(gather_rows(trajectory_stats(trajs)), prefix)
 
 
 def plot_curve(records: list[dict], path: str) -> None:
@@ -255,9 +282,24 @@ def _task_batch(ds, start: int, n: int) -> list[Task]:
     return [ds[start + i] for i in range(n)]
 
 
+def _empty_row(pad_id: int) -> dict:
+    return {"tokens": [pad_id, pad_id], "policy_mask": [False, False],
+            "advantages": np.zeros(2, np.float32), "sample_logprobs": np.zeros(2, np.float32)}
+
+
 def run_training(config: ConfigDict, workdir: str) -> dict:
-    """Runs (or resumes) the configured training; returns the final summary dict."""
+    """Runs (or resumes) the configured training; returns the final summary dict.
+
+    Multi-host (config.distributed or TOOLVERSE_* env vars, see sharding.distributed): every
+    process runs its own env pool on its slice of each step's tasks, the train step runs on the
+    global batch, and process 0 writes the logs (all processes write the checkpoints together).
+    """
+    nproc = distributed.initialize(config)
+    pid = jax.process_index()
+    lead = pid == 0
     os.makedirs(workdir, exist_ok=True)
+    if not lead:
+        barrier("tasks")  # process 0 generates the task cache and trains the tokenizer first
     tasks = load_tasks(config, workdir)
     if not tasks["train"] or not tasks["eval"]:
         raise ValueError(f"task split is empty: {len(tasks['train'])} train, "
@@ -265,10 +307,15 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
     catalog = Catalog.default(kinds=("builtin",),
                               include_hidden=bool(config.env.get("include_hidden", False)))
     tokenizer = build_tokenizer(config, tasks["train"], catalog, workdir)
+    if lead:
+        barrier("tasks")
     cfg, params0 = build_model(config, tokenizer)
     mesh = make_mesh(tuple(config.mesh.shape))
+    # Multi-host: each process samples with a local copy of the params on its own device.
+    local_mesh = make_mesh((1, 1, 1), jax.local_devices()[:1]) if nproc > 1 else None
+    on_local = (lambda: sharding_context(local_mesh)) if nproc > 1 else contextlib.nullcontext
     train_ds = grain.MapDataset.source(tasks["train"]).shuffle(seed=config.seed).repeat()
-    eval_tasks = tasks["eval"][:config.train.eval_tasks]
+    eval_tasks = tasks["eval"][:config.train.eval_tasks][pid::nproc]
     rcfg = _rollout_config(config)
     stop_ids = tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"]))
     sampling = SamplingParams(max_new_tokens=config.rollout.max_new_tokens,
@@ -294,7 +341,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
             state, ref_params, meta = ckpt.restore(latest, state, params0, expect)
             start = meta["global_step"]
             print(f"resumed from {ckpt.directory}/{latest} at step {start}", flush=True)
-        log = MetricsLog(workdir, start if latest is not None else None)
+        log = MetricsLog(workdir, start if latest is not None else None) if lead else None
         sft_step_fn = make_train_step(cfg, _loss_config(config, "sft"), sft_opt, num_micro)
         rl_step_fn = make_train_step(cfg, _loss_config(config, config.rl.loss), rl_opt, num_micro)
         tasks_by_id = {t.id: t for split in tasks.values() for t in split}
@@ -302,24 +349,26 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         # its own states with ref_params in readiness_for_trajectories.
         needs_ref = config.rl.kl_coef > 0 or bool(config.train.get("log_ref_kl", False))
         tool_cache: dict[tuple, list[dict]] = {}
-
-        def shard_batch(batch: TrainBatch) -> TrainBatch:
-            return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim)), batch)
+        ref_local = None
 
         def evaluate(params, pool) -> dict:
             t0 = time.time()
-            policy = SamplerPolicy(params, cfg, greedy)
-            trajs = run_rollouts(policy, eval_tasks, 1, pool, tokenizer, rcfg,
-                                 jax.random.key(0), seed=10_000)
+            policy = SamplerPolicy(local_params(params), cfg, greedy)
+            with on_local():
+                trajs = run_rollouts(policy, eval_tasks, 1, pool, tokenizer, rcfg,
+                                     jax.random.key(0), seed=10_000)
             m = rollout_metrics(trajs, "eval")
             m["eval/time_s"] = time.time() - t0
             return m
 
         def sft_rows(step: int) -> list[dict]:
             rows = []
-            batch = _task_batch(train_ds, step * config.sft.batch_size, config.sft.batch_size)
-            rng = np.random.default_rng([config.seed, step])
-            for task in batch:
+            start = step * config.sft.batch_size
+            # Per-task distractor draws, so a task's demonstration does not depend on which
+            # process (or batch position) builds it.
+            for i, task in process_slice(list(enumerate(_task_batch(
+                    train_ds, start, config.sft.batch_size)))):
+                rng = np.random.default_rng([config.seed, start + i])
                 key = task.servers
                 if key not in tool_cache:
                     tool_cache[key] = episode_tools(catalog, task.servers)[0]
@@ -336,17 +385,20 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
             return rows
 
         pbar = None
-        if config.train.progress:
+        if config.train.progress and lead:
             from tqdm import tqdm
             pbar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
         with EnvPool(catalog, num_workers=config.env.num_workers,
                      call_timeout_s=config.env.call_timeout_s) as pool:
             if start == 0 and config.train.eval_every > 0:
-                log.write(0, {**evaluate(state.params, pool), "phase": "init"})
+                m0 = evaluate(state.params, pool)
+                if lead:
+                    log.write(0, {**m0, "phase": "init"})
             for step in range(start, total):
                 t0 = time.time()
                 if step < sft_steps:
-                    batch = shard_batch(pack_rows(sft_rows(step), tokenizer.pad_id, num_micro))
+                    batch = distributed.global_batch(sft_rows(step), tokenizer.pad_id, mesh,
+                                                     num_micro)
                     state, m = sft_step_fn(state, batch)
                     metrics = {k: float(v) for k, v in jax.device_get(m).items()}
                     metrics["phase"] = "sft"
@@ -358,30 +410,40 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                         ref_params = jax.tree.map(jnp.copy, state.params)
                         state = init_train_state(state.params, rl_opt)
                     rl_step = step - sft_steps
-                    tasks_now = _task_batch(train_ds, rl_step * config.rl.tasks_per_step,
-                                            config.rl.tasks_per_step)
-                    key = jax.random.fold_in(jax.random.key(config.seed), step)
-                    policy = SamplerPolicy(state.params, cfg, sampling)
-                    trajs = run_rollouts(policy, tasks_now, config.rl.group_size, pool,
-                                         tokenizer, rcfg, key, seed=config.seed * 1_000_003 + step)
+                    tasks_now = process_slice(_task_batch(
+                        train_ds, rl_step * config.rl.tasks_per_step, config.rl.tasks_per_step))
+                    policy = SamplerPolicy(local_params(state.params), cfg, sampling)
+                    with on_local():
+                        key = jax.random.fold_in(jax.random.key(config.seed), step)
+                        if nproc > 1:
+                            key = jax.random.fold_in(key, pid)
+                        trajs = run_rollouts(policy, tasks_now, config.rl.group_size, pool,
+                                             tokenizer, rcfg, key,
+                                             seed=config.seed * 1_000_003 + step + 7919 * pid)
                     t_roll = time.time() - t0
                     readiness = None
                     if config.rl.advantage == "trace":
                         from toolverse_jax.rl.trace import readiness_for_trajectories
                         tr_cfg = config.trace
-                        readiness = readiness_for_trajectories(
-                            ref_params, cfg, trajs, tasks_by_id, tokenizer, rcfg.max_turns + 1,
-                            tr_cfg.answer_prefix, tr_cfg.scorer, pad_to=tr_cfg.pad_to)
+                        if ref_local is None:
+                            ref_local = local_params(ref_params)
+                        with on_local():
+                            readiness = readiness_for_trajectories(
+                                ref_local, cfg, trajs, tasks_by_id, tokenizer,
+                                rcfg.max_turns + 1, tr_cfg.answer_prefix, tr_cfg.scorer,
+                                pad_to=tr_cfg.pad_to)
                     turn_adv = compute_advantages(trajs, config.rl.advantage,
                                                   dict(config.rl.adv), rcfg.max_turns + 1,
                                                   readiness)
                     rows = trajectory_rows(trajs, turn_adv)
                     metrics = rollout_metrics(trajs, "rollout")
                     metrics["phase"] = "rl"
-                    if rows:
+                    if distributed.global_any(bool(rows)):
                         t1 = time.time()
-                        batch = pack_rows(rows, tokenizer.pad_id, num_micro)
-                        batch = shard_batch(batch)
+                        # A process whose episodes all failed contributes one loss-free row.
+                        batch = distributed.global_batch(
+                            rows or [_empty_row(tokenizer.pad_id)], tokenizer.pad_id, mesh,
+                            num_micro)
                         old_lp, _ = score_jit(state.params, batch, cfg=cfg,
                                               temperature=config.rollout.temperature)
                         if needs_ref:
@@ -399,10 +461,12 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                         metrics.update({k: float(v) for k, v in m.items()})
                         metrics["time/scoring_s"] = t2 - t1
                         metrics["time/update_s"] = time.time() - t2
-                    sampled = sum(sum(t.policy_mask) for t in trajs)
+                    sampled = float(np.sum(gather_rows(np.asarray(
+                        [sum(t.policy_mask) for t in trajs], np.float64))))
                     metrics["time/rollout_s"] = t_roll
                     metrics["rollout/tokens_per_s"] = sampled / max(t_roll, 1e-9)
-                    metrics["rollout/num_adv_nonzero"] = float(np.sum(np.abs(turn_adv) > 1e-8))
+                    metrics["rollout/num_adv_nonzero"] = float(np.sum(gather_rows(
+                        np.asarray([np.sum(np.abs(turn_adv) > 1e-8)], np.float64))))
                 done = step + 1
                 metrics["time/step_s"] = time.time() - t0
                 last = done == total
@@ -413,7 +477,8 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                         (rl_done > 0 and rl_done % config.train.eval_every == 0) or
                         (rl_done < 0 and sft_every > 0 and done % sft_every == 0)):
                     metrics.update(evaluate(state.params, pool))
-                log.write(done, metrics)
+                if lead:
+                    log.write(done, metrics)
                 if last or done % config.train.checkpoint_every == 0 or done == sft_steps:
                     ckpt.save(done, state, ref_params,
                               {**expect, "global_step": done, "has_ref": ref_params is not None,
@@ -427,9 +492,11 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                     pbar.set_postfix(shown)
         if pbar is not None:
             pbar.close()
+        ckpt.close()
+        if not lead:
+            return {"final_step": total, "process_index": pid}
         records = log.records()
         log.close()
-        ckpt.close()
     plot_curve(records, os.path.join(workdir, "learning_curve.png"))
     evals = [(r["step"], r["eval/success_rate"]) for r in records if "eval/success_rate" in r]
     summary = {"final_step": total, "eval_curve": evals,

@@ -66,12 +66,43 @@ def _global_max(x: int) -> int:
     return int(np.max(multihost_utils.process_allgather(np.asarray(x, np.int32))))
 
 
+def gather_rows(x: np.ndarray) -> np.ndarray:
+    """Returns every process's rows of `x` [n_p, ...] stacked (process order); processes may
+    hold different n_p: padding rows are zeros, so give `x` a presence column to drop them."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x
+    from jax.experimental import multihost_utils
+    n = _global_max(x.shape[0])
+    padded = np.zeros((n,) + x.shape[1:], x.dtype)
+    padded[:x.shape[0]] = x
+    out = np.asarray(multihost_utils.process_allgather(padded))
+    return out.reshape((-1,) + x.shape[1:])
+
+
+def global_any(flag: bool) -> bool:
+    """Returns whether `flag` holds on any process."""
+    return _global_max(int(bool(flag))) > 0
+
+
+def barrier(name: str) -> None:
+    """Blocks until every process reaches the barrier `name` (no-op for one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 def global_batch(rows: Sequence[dict], pad_id: int, mesh: Mesh, num_micro: int = 1) -> TrainBatch:
     """Returns the global TrainBatch [sum of rows, L] on `mesh` from this process's rows; all
     processes agree on L (the max bucket) and pad to the same row count (zero-mask rows)."""
     local = pack_rows(rows, pad_id, num_micro)
     length = _global_max(local.tokens.shape[1])
-    nrows = _global_max(local.tokens.shape[0])
+    # Rows per process: a multiple of num_micro and of this process's share of the batch shards.
+    spec = batch_sharding(mesh, 2).spec[0]
+    axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
+    shards = int(np.prod([mesh.shape[a] for a in axes]))
+    unit = num_micro * max(1, shards // jax.process_count())
+    nrows = -(-_global_max(local.tokens.shape[0]) // unit) * unit
 
     def pad(x, fill):
         return np.pad(np.asarray(x), ((0, nrows - x.shape[0]), (0, length - x.shape[1])),
