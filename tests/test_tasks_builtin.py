@@ -119,6 +119,24 @@ def test_quickstart_tasks(tmp_path, executor):
     assert [t.id for t in again] == [t.id for t in tasks]
 
 
+def test_state_verifiers_fail_on_the_untouched_initial_state(tmp_path, executor):
+    """A create-then-delete chain changes the state before its last stage but not overall: a
+    check "record X is gone" would pass for an agent that does nothing, so it is never chosen."""
+    from toolverse_jax.tasks.gust import load_or_generate_quickstart_tasks
+
+    tasks = load_or_generate_quickstart_tasks(str(tmp_path), num_tasks=60, horizons=(2,),
+                                              seed=3, servers=("notes", "calendar"))
+    state = [t for t in tasks if t.verifier["kind"] == "state"]
+    assert len(state) >= 10
+    fresh = executor.reset([t.spec for t in state])
+    try:
+        trivial = [t.instruction for t, ep in zip(state, fresh)
+                   if t.check(None, executor.read_state(ep))]
+    finally:
+        executor.close(fresh)
+    assert not trivial, trivial[:3]
+
+
 def test_shipped_quickstart_file_replays(executor):
     from toolverse_jax.tasks.gust import QUICKSTART_FILE, load_or_generate_quickstart_tasks
     from toolverse_jax.tasks.replay import verify_tasks

@@ -523,18 +523,21 @@ def _eq(a, b) -> bool:
 def choose_verifier(stages: list[list[GoldStep]], before: dict, after: dict,
                     rng: random.Random, cfg: DusaConfig,
                     stated: Callable[[Any], bool] = lambda v: False,
-                    ) -> tuple[Any, dict] | None:
+                    initial: dict | None = None) -> tuple[Any, dict] | None:
     """Returns (answer, verifier) from the last stage, or None if nothing there is verifiable.
 
     Read-only steps give exact/set answers (never a value `stated` says the instruction
-    already contains); state-changing steps give final-state checks.
+    already contains); state-changing steps give final-state checks (`before` is the state
+    before the last stage; a check that already holds in the episode's `initial` state is
+    dropped, e.g. "record X is gone" after creating and then deleting X: doing nothing passes).
     """
     last = len(stages) - 1
     state, answers, action_answers = [], [], []
     for j, s in enumerate(stages[last]):
         kind = sch.tool_kind(s.tool)
         if kind not in sch.READ_ONLY_KINDS and "state" in cfg.answer_kinds:
-            state.extend(state_checks(before, after, s))
+            state.extend(c for c in state_checks(before, after, s)
+                         if initial is None or not check_state(c, initial))
         if kind in sch.READ_ONLY_KINDS or kind == "action":
             for c in answer_candidates(s, rng, cfg):
                 c["source"] = {"stage": last, "index": j, "field": c.pop("field")}
@@ -716,7 +719,8 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
         vals = v if isinstance(v, list) else [v]
         return any(str(x).strip().casefold() in said for x in vals)
 
-    chosen = choose_verifier(stages, before_last, after, rng, cfg, stated=is_stated)
+    chosen = choose_verifier(stages, before_last, after, rng, cfg, stated=is_stated,
+                             initial=before)
     if chosen is None and "state" in cfg.answer_kinds:
         chosen = final_state_verifier(stages, before, after)
     yield Close(handle)
