@@ -39,12 +39,18 @@ EXTRAS = {
     # `python -m experiments.install_servers` (CI runs it) or
     # `pip install --no-deps bfcl-eval==2026.3.23`.
     "bfcl": ["mpmath==1.3.0"],
+    # benchmarks/grpo_trl.py's baseline: TRL's GRPOTrainer on the same tiny HF Qwen3 (CPU torch).
+    "bench": ["torch==2.13.0", "trl==1.16.0"],
 }
 EXTRAS["test"] = [
     "pytest==9.2.0",
     "pytest-timeout>=2.3",
     "hypothesis==6.170.17",
     "torch==2.13.0",
+    # tests/test_notebooks.py executes colab/*.ipynb in a "python3" kernel of this interpreter.
+    "nbclient==0.11.0",
+    "nbformat==5.11.1",
+    "ipykernel==7.4.0",
 ] + EXTRAS["servers"]
 
 setup(
