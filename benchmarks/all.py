@@ -114,7 +114,39 @@ def headline(rec: dict) -> tuple[str, str, str]:
                 f"{_fmt(r['overhead_per_call_ms'])} ms/call",
                 f"1 worker {_fmt(r['calls_per_s_1_worker'])} calls/s",
                 _fmt(r["calls_per_s_2_workers"] / max(r["calls_per_s_1_worker"], 1e-9)))
-    # Unknown layout (logprob, trace_scoring, new ones): show the top-level scalars.
+    if name == "grpo_trl":
+        o, t = r["ours"], r["trl"]
+        cells = (f"ours {_fmt(o['step_no_scoring_s'])} s/step (rollout {_fmt(o['rollout_s'])} + "
+                 f"update {_fmt(o['update_s'])}; + old-logprob scoring {_fmt(o['scoring_s'])})")
+        if "step_s" not in t:
+            return cells, f"TRL skipped: {t.get('skipped', '?')}", ""
+        return cells, f"TRL GRPOTrainer {_fmt(t['step_s'])} s/step", _fmt(r["speedup_vs_trl"])
+    if name == "logprob":
+        rows = r["results"]
+        big = max(rows, key=lambda x: (x["N"], x["mode"] == "fwd_bwd"))
+        ours_t, naive_t = big["ours"].get("time_s"), big["naive"].get("time_s")
+        return (f"N={big['N']} {big['mode']}: temp {big['ours']['temp_bytes'] / 2**20:.3g} MiB, "
+                f"{_fmt(ours_t)} s", f"naive log-softmax: temp "
+                f"{big['naive']['temp_bytes'] / 2**20:.3g} MiB, {_fmt(naive_t)} s",
+                f"{_fmt(big['temp_ratio'])} (memory)")
+    if name == "trace_scoring":
+        res = r["results"]
+        return ("; ".join(f"{k}: {_fmt(v['single_pass_states_per_s'])} states/s"
+                          for k, v in res.items()),
+                "per-state: " + "; ".join(f"{k}: {_fmt(v['per_state_states_per_s'])}"
+                                          for k, v in res.items()),
+                "; ".join(f"{_fmt(v['speedup'])}" for v in res.values()))
+    if name == "eval_bfcl":
+        return (f"{_fmt(r['pool_episodes_per_s'])} episodes/s through the MCP pool "
+                f"({_fmt(r['pool_ms_per_call'])} ms/call)",
+                f"in-process {_fmt(r['direct_episodes_per_s'])} episodes/s", _fmt(r["ratio"]))
+    if name == "multihost":
+        s, m = r["single_process"], r["two_processes"]
+        return (f"2 processes (gloo): {_fmt(m['step_s'])} s/step, {_fmt(m['tokens_per_s'])} tok/s; "
+                f"first loss |diff| {r['first_loss_abs_diff']:.1e}",
+                f"1 process: {_fmt(s['step_s'])} s/step, {_fmt(s['tokens_per_s'])} tok/s",
+                _fmt(r["ratio"]))
+    # Unknown layout (new ones): show the top-level scalars.
     scalars = {k: v for k, v in r.items() if isinstance(v, (int, float)) and k != "quick"}
     return (", ".join(f"{k}={_fmt(v)}" for k, v in list(scalars.items())[:4]) or
             "see results.json", "", "")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks import all as bench_all
-from benchmarks import sampler, train_step
+from benchmarks import grpo_trl, multihost, sampler, train_step
 from toolverse_jax.models import ModelConfig
 
 
@@ -69,3 +69,61 @@ def test_train_step_quick_run():
     for k in ("rollout_s", "scoring_s", "update_s", "step_s"):
         assert rl[k] > 0, k
     assert rl["advantages_s"] >= 0
+
+
+def test_grpo_trl_prompts_have_one_length_and_round_trip():
+    from toolverse_jax.models.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    prompts = grpo_trl.fixed_length_prompts(tok, 5, 24)
+    assert len(prompts) == 5
+    assert all(len(tok.encode(p)) == 24 for p in prompts)
+    with pytest.raises(ValueError, match="need 100000"):
+        grpo_trl.fixed_length_prompts(tok, 100000, 24)
+    assert 0.0 <= grpo_trl.reward_text("abc e") <= 1.0 and grpo_trl.reward_text("") == 0.0
+
+
+@pytest.mark.slow
+def test_grpo_trl_quick_run():
+    pytest.importorskip("trl")
+    out = grpo_trl.run(grpo_trl.parse_args(["--quick"]))
+    json.dumps(out)
+    assert out["ours"]["step_s"] > 0 and out["trl"]["step_s"] > 0
+    assert out["trl"]["completion_mean_length"] == 16.0
+    assert out["trl"]["tokens_per_step"] == out["ours"]["tokens_per_step"]
+
+
+def test_headlines_for_trl_and_multihost_records():
+    trl = {"name": "grpo_trl", "ok": True, "result": {
+        "ours": {"step_no_scoring_s": 0.04, "rollout_s": 0.03, "update_s": 0.01, "scoring_s": 0.005},
+        "trl": {"step_s": 0.06}, "speedup_vs_trl": 1.5}}
+    ours, base, ratio = bench_all.headline(trl)
+    assert "0.04 s/step" in ours and "TRL GRPOTrainer 0.06" in base and ratio == "1.5"
+    trl["result"]["trl"] = {"skipped": "trl not installed"}
+    assert "TRL skipped: trl not installed" in bench_all.headline(trl)[1]
+    mh = {"name": "multihost", "ok": True, "result": {
+        "single_process": {"step_s": 0.01, "tokens_per_s": 100.0},
+        "two_processes": {"step_s": 0.1, "tokens_per_s": 10.0},
+        "ratio": 0.1, "first_loss_abs_diff": 1e-10}}
+    ours, base, ratio = bench_all.headline(mh)
+    assert "2 processes" in ours and "1.0e-10" in ours and "1 process: 0.01" in base
+    assert ratio == "0.1"
+
+
+def test_multihost_args_and_rows():
+    a = multihost.parse_args(["--quick"])
+    assert (a.preset, a.batch, a.length, a.steps) == ("tiny", 4, 64, 3)
+    with pytest.raises(SystemExit):
+        multihost.parse_args(["--batch", "3"])
+    rows = multihost.random_rows(np.random.default_rng(0), 3, 16, 50)
+    assert len(rows) == 3 and all(len(r["tokens"]) == 17 for r in rows)
+    assert all(3 <= t < 50 for r in rows for t in r["tokens"])
+    assert not any(rows[0]["policy_mask"][:2]) and all(rows[0]["policy_mask"][2:])
+
+
+@pytest.mark.slow
+def test_multihost_quick_run():
+    out = multihost.run(multihost.parse_args(["--quick"]))
+    json.dumps(out)
+    assert out["two_processes"]["devices"] == 2 and out["single_process"]["devices"] == 1
+    assert out["first_loss_abs_diff"] < 1e-5
+    assert out["batch_shape"] == [4, 64]
