@@ -111,6 +111,21 @@ def test_builtin_seeded_and_reset(local_pool):
     local_pool.close([a, b, c])
 
 
+def test_in_process_pool_works_under_a_running_event_loop(catalog):
+    """Jupyter runs an asyncio loop on the caller's thread; num_workers=0 must still work there."""
+    import asyncio
+
+    async def main():
+        with EnvPool(catalog, num_workers=0, call_timeout_s=5.0) as pool:
+            (ep,) = pool.reset([EpisodeSpec(("notes",), seed=1)])
+            note = _ok(pool.step([(ep, "create_note", {"title": "inside a loop"})])[0])
+            titles = [n["title"] for n in pool.read_state(ep)["notes"]["notes"].values()]
+            return note, titles
+
+    note, titles = asyncio.run(main())
+    assert "inside a loop" in titles and note
+
+
 def test_cross_server_chain(local_pool):
     """contact email → mail; order amount → bank transfer; flight date → calendar event."""
     (ep,) = local_pool.reset([EpisodeSpec(("contacts", "mail", "shop", "bank", "travel", "calendar"), seed=3)])

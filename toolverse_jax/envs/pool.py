@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -613,11 +614,16 @@ def _shutdown(procs: list, pipes: list, local: list, root: str) -> None:
             p.join(2)
         c.close()
     if local:
-        loop, core = local
+        loop, core, thread = local
         try:
-            loop.run_until_complete(core.shutdown())
+            asyncio.run_coroutine_threadsafe(core.shutdown(), loop).result(30)
+        except Exception as e:  # noqa: BLE001 - still stop the loop and remove the sandboxes
+            log.warning("in-process env worker shutdown: %r", e)
         finally:
-            loop.close()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            if not thread.is_alive():
+                loop.close()
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -627,7 +633,9 @@ class EnvPool:
     """Batched, synchronous access to MCP environments run by `num_workers` worker processes.
 
     num_workers=0 runs the same worker code in this process (built-in and synthesized servers
-    in-memory, no subprocesses except third-party servers): for fast unit tests.
+    in-memory, no subprocesses except third-party servers): for fast unit tests. Its asyncio
+    loop runs on a thread of its own, so the pool also works where the caller's thread already
+    runs a loop (Jupyter, an async application).
     """
 
     _ids = itertools.count()
@@ -647,9 +655,11 @@ class EnvPool:
         self._local: list = []
         self._closed = False
         if num_workers == 0:
-            loop = asyncio.new_event_loop()
             core = _WorkerCore(catalog, root=os.path.join(self._root, "w0"), in_process=True, **self._opts)
-            self._local += [loop, core]
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="envpool-local", daemon=True)
+            thread.start()
+            self._local += [loop, core, thread]
         else:
             for w in range(num_workers):
                 self._procs.append(None)
@@ -672,10 +682,10 @@ class EnvPool:
         if self._closed:
             raise RuntimeError("EnvPool is closed; create a new one")
         if self.num_workers == 0:
-            loop, core = self._local
+            loop, core, _ = self._local
             out = {}
             for w, msg in per_worker.items():
-                out[w] = loop.run_until_complete(_dispatch(core, msg))
+                out[w] = asyncio.run_coroutine_threadsafe(_dispatch(core, msg), loop).result()
                 self._failed.update(core.take_failed())
             return out
         for w, msg in per_worker.items():
