@@ -171,3 +171,18 @@ def test_shipped_quickstart_file_is_what_the_code_generates():
         "regenerate: rm toolverse_jax/tasks/data/gust_quickstart.*; " \
         "python -c 'from toolverse_jax.tasks import *; " \
         "load_or_generate_quickstart_tasks(\"toolverse_jax/tasks/data\")'"
+
+
+def test_generator_processes_leave_no_sandboxes(tmp_path, monkeypatch):
+    """Pool.terminate() kills generator workers mid-flight; their env-pool dirs must still go."""
+    import os
+    import tempfile
+
+    from toolverse_jax.tasks.gust import generate_gust
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # spawned workers' temporary dirs land here too
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    tasks, _ = generate_gust(dict(num_tasks=2, horizons=(2,), chunk_size=2, num_processes=1),
+                             progress=False)
+    assert len(tasks) == 2
+    assert not os.listdir(tmp_path), os.listdir(tmp_path)

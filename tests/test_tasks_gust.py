@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 import subprocess
 import sys
 
@@ -88,13 +89,18 @@ def test_split_by_toolset_never_shares_a_tool_set(generated):
         split_tasks(tasks, by="nope")
 
 
-def test_two_processes_give_the_same_set_as_one(generated):
+def test_two_processes_give_the_same_set_as_one(generated, tmp_path, monkeypatch):
     _, tasks0, _ = generated
+    # every temporary directory of this run (ours and the spawned workers') lands in tmp_path
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     one, _ = generate_gust(_cfg(shard_size=10, num_processes=1), progress=False)
     two, m2 = generate_gust(_cfg(shard_size=10, num_processes=2), progress=False)
     ids = [t.id for t in tasks0]
     assert [t.id for t in one] == ids and [t.id for t in two] == ids
     assert m2["startup_s"] > 0
+    # terminated workers leave no env-pool sandboxes behind
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("toolverse_")], os.listdir(tmp_path)
 
 
 def test_unknown_setting_is_named():

@@ -71,12 +71,13 @@ class PoolExecutor:
     """`Executor` over an `envs.EnvPool` (owns the pool; use as a context manager)."""
 
     def __init__(self, catalog: Any = None, kinds: Sequence[str] = ("builtin",),
-                 num_workers: int = 0, call_timeout_s: float = 10.0):
+                 num_workers: int = 0, call_timeout_s: float = 10.0, root: str | None = None):
         from toolverse_jax import envs  # noqa: PLC0415 - keep tasks importable without envs
 
         self.catalog = catalog if catalog is not None else envs.Catalog.default(kinds=tuple(kinds))
+        # root: the pool's sandbox directory (None: a fresh temporary one, removed on shutdown)
         self.pool = envs.EnvPool(self.catalog, num_workers=num_workers,
-                                 call_timeout_s=call_timeout_s)
+                                 call_timeout_s=call_timeout_s, root=root)
         self._names: dict[str, dict[tuple[str, str], str]] = {}
         self._spec_cache: dict[str, list[dict]] = {}
         self.env_s = 0.0   # wall time spent inside the env pool (reset/step/state/close)

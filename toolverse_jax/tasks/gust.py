@@ -10,6 +10,8 @@ import importlib
 import json
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import time
 from typing import Any, Iterable, Sequence
 
@@ -66,7 +68,10 @@ def _make_executor(s: dict):
         return getattr(importlib.import_module(mod), fn)()
     from toolverse_jax.tasks.executor import PoolExecutor  # noqa: PLC0415
 
-    return PoolExecutor(kinds=s["kinds"], num_workers=s["num_env_workers"])
+    # Under generate_gust's process pool, sandboxes go below a directory the parent owns and
+    # removes: Pool.terminate() kills the workers before they can clean up after themselves.
+    root = os.path.join(s["pool_root"], f"gen{os.getpid()}") if s.get("pool_root") else None
+    return PoolExecutor(kinds=s["kinds"], num_workers=s["num_env_workers"], root=root)
 
 
 def _dusa_cfg(s: dict, horizon: int) -> DusaConfig:
@@ -150,6 +155,46 @@ def _chunks(s: dict) -> Iterable[list[int]]:
         yield list(range(a, min(a + s["chunk_size"], n)))
 
 
+def _generate_in_pool(ctx, nproc: int, s: dict, t0: float, consume) -> float:
+    """Feeds index chunks to `nproc` spawned generator processes until `consume` says done;
+    returns the startup time (until every worker had built its executor and graph)."""
+    with ctx.Pool(nproc, initializer=_init_worker, initargs=(s,)) as pool:
+        # wait until every worker has started (imports, env pool, graph) so that
+        # tasks_per_s measures generation, and startup_s is reported apart
+        pids: set = set()
+        for _ in range(20):
+            try:
+                got = pool.map_async(_ping, range(nproc), chunksize=1).get(
+                    s["worker_start_timeout_s"])
+            except mp.TimeoutError:
+                raise RuntimeError(
+                    f"GUST generator workers did not start within "
+                    f"{s['worker_start_timeout_s']} s (a worker that dies at import or "
+                    "in its initializer is restarted forever by multiprocessing; run with "
+                    "num_processes=0 to see the error, and run scripts from a file, not "
+                    "stdin, since spawn re-imports __main__)") from None
+            pids |= set(got)
+            if len(pids) >= nproc:
+                break
+        startup = time.time() - t0
+        chunks = _chunks(s)
+        inflight: collections.deque = collections.deque()
+        for ch in chunks:
+            inflight.append(pool.apply_async(_run_chunk, (ch,)))
+            if len(inflight) >= 2 * nproc:
+                break
+        while inflight:
+            rows = inflight.popleft().get()
+            if consume(rows):
+                break
+            nxt = next(chunks, None)
+            if nxt is not None:
+                inflight.append(pool.apply_async(_run_chunk, (nxt,)))
+        pool.terminate()
+        pool.join()
+    return startup
+
+
 def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
                   ) -> tuple[list[Task], dict]:
     """Returns (tasks, manifest): DUSA tasks generated in worker processes, deduplicated.
@@ -207,39 +252,11 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
             _shutdown_worker()
     else:
         ctx = mp.get_context("spawn")
-        with ctx.Pool(nproc, initializer=_init_worker, initargs=(s,)) as pool:
-            # wait until every worker has started (imports, env pool, graph) so that
-            # tasks_per_s measures generation, and startup_s is reported apart
-            pids: set = set()
-            for _ in range(20):
-                try:
-                    got = pool.map_async(_ping, range(nproc), chunksize=1).get(
-                        s["worker_start_timeout_s"])
-                except mp.TimeoutError:
-                    raise RuntimeError(
-                        f"GUST generator workers did not start within "
-                        f"{s['worker_start_timeout_s']} s (a worker that dies at import or "
-                        "in its initializer is restarted forever by multiprocessing; run with "
-                        "num_processes=0 to see the error, and run scripts from a file, not "
-                        "stdin, since spawn re-imports __main__)") from None
-                pids |= set(got)
-                if len(pids) >= nproc:
-                    break
-            startup = time.time() - t0
-            chunks = _chunks(s)
-            inflight: collections.deque = collections.deque()
-            for ch in chunks:
-                inflight.append(pool.apply_async(_run_chunk, (ch,)))
-                if len(inflight) >= 2 * nproc:
-                    break
-            while inflight:
-                rows = inflight.popleft().get()
-                if consume(rows):
-                    break
-                nxt = next(chunks, None)
-                if nxt is not None:
-                    inflight.append(pool.apply_async(_run_chunk, (nxt,)))
-            pool.terminate()
+        pool_root = tempfile.mkdtemp(prefix="toolverse_gust_")
+        try:
+            startup = _generate_in_pool(ctx, nproc, {**s, "pool_root": pool_root}, t0, consume)
+        finally:
+            shutil.rmtree(pool_root, ignore_errors=True)
     if bar is not None:
         bar.close()
     elapsed = time.time() - t0
