@@ -254,11 +254,15 @@ def rollout_metrics(trajs, prefix: str) -> dict[str, float]:
 
 
 def plot_curve(records: list[dict], path: str) -> None:
-    """Writes a PNG of eval success rate and train reward against the step."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """Writes a PNG of eval success rate and train reward against the step.
+
+    Draws on a bare `Figure` with the Agg canvas: no pyplot state, and the caller's matplotlib
+    backend (a notebook's inline one) is left as it was."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(7, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     ev = [(r["step"], r["eval/success_rate"]) for r in records if "eval/success_rate" in r]
     tr = [(r["step"], r["rollout/success_rate"]) for r in records if "rollout/success_rate" in r]
     if ev:
@@ -275,7 +279,6 @@ def plot_curve(records: list[dict], path: str) -> None:
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _task_batch(ds, start: int, n: int) -> list[Task]:
