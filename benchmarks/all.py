@@ -2,6 +2,7 @@
 
     python -m benchmarks.all            # full sizes (slow: the others' defaults take minutes)
     python -m benchmarks.all --quick    # each at its small size
+    python -m benchmarks.all --args logprob="--tokens 1024 4096"   # flags for one benchmark
 
 Writes benchmarks/results.json (machine info + one object per benchmark) and
 benchmarks/results.md (benchmark, headline figures, baseline, ratio); prints one JSON summary
@@ -15,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -55,9 +57,20 @@ def last_json_line(stdout: str) -> dict | None:
     return None
 
 
-def run_one(name: str, quick: bool, timeout_s: float) -> dict:
+def parse_extra(items: list[str], names: list[str]) -> dict[str, list[str]]:
+    """Returns {benchmark: flags} from `NAME=FLAGS` strings (FLAGS split like a shell)."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, flags = item.partition("=")
+        if not sep or name not in names:
+            raise ValueError(f"--args {item!r}: expected NAME=FLAGS with NAME one of {names}")
+        out.setdefault(name, []).extend(shlex.split(flags))
+    return out
+
+
+def run_one(name: str, quick: bool, timeout_s: float, extra: list[str] = ()) -> dict:
     """Returns {"name", "args", "wall_s", "ok", "result" | "error"} for one benchmark run."""
-    args = quick_args(name) if quick else []
+    args = (quick_args(name) if quick else []) + list(extra)
     cmd = [sys.executable, "-m", f"benchmarks.{name}", *args]
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     t0 = time.perf_counter()
@@ -167,7 +180,8 @@ def write_markdown(records: list[dict], machine: dict, path: str, quick: bool) -
              "| benchmark | headline | baseline | ratio | wall s |", "|---|---|---|---|---|"]
     for rec in records:
         cells = [c.replace("|", "\\|") for c in headline(rec)]
-        lines.append(f"| {rec['name']} | {cells[0]} | {cells[1]} | {cells[2]} | "
+        flags = f" `{' '.join(rec['args'])}`" if rec.get("args") else ""
+        lines.append(f"| {rec['name']}{flags} | {cells[0]} | {cells[1]} | {cells[2]} | "
                      f"{rec.get('wall_s', '')} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -176,10 +190,12 @@ def write_markdown(records: list[dict], machine: dict, path: str, quick: bool) -
 def run(args: argparse.Namespace) -> dict:
     """Runs the benchmarks, writes results.json / results.md; returns the summary record."""
     names = args.only or discover()
+    extra = parse_extra(args.args, discover())
     records = []
     for name in names:
-        _log(f"running {name} {' '.join(quick_args(name) if args.quick else [])}")
-        rec = run_one(name, args.quick, args.timeout)
+        flags = (quick_args(name) if args.quick else []) + extra.get(name, [])
+        _log(f"running {name} {' '.join(flags)}")
+        rec = run_one(name, args.quick, args.timeout, extra.get(name, []))
         _log(f"{name}: {'ok' if rec['ok'] else rec['error']} ({rec['wall_s']} s)")
         records.append(rec)
     machine = machine_info()
@@ -200,6 +216,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="pass each benchmark its small size")
     p.add_argument("--only", nargs="+", default=None, help="benchmark names (default: all)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per benchmark")
+    p.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
+                   help="extra flags for one benchmark, after --quick's (repeatable)")
     p.add_argument("--out-dir", default=None, help="where results.* go (default benchmarks/)")
     return p.parse_args(argv)
 

@@ -35,6 +35,11 @@ def test_all_plumbing(tmp_path):
     assert bench_all.quick_args("envs") == bench_all.QUICK_ARGS["envs"]
     assert bench_all.last_json_line('log\n{"a": 1}\nnot json\n') == {"a": 1}
     assert bench_all.last_json_line("no json here") is None
+    assert bench_all.parse_extra(['logprob=--tokens 1024 "4096"', "logprob=--repeats 1"],
+                                 names) == {"logprob": ["--tokens", "1024", "4096",
+                                                        "--repeats", "1"]}
+    with pytest.raises(ValueError, match="NAME=FLAGS"):
+        bench_all.parse_extra(["nosuch=--x"], names)
     fail = {"name": "x", "ok": False, "error": "exit 1: boom", "wall_s": 0.1}
     ok = {"name": "sampler", "ok": True, "wall_s": 1.0, "args": [], "result": {
         "ours_tokens_per_s": 10.0, "hf_tokens_per_s": 2.0, "ratio": 5.0, "compile_s": 1.0,
