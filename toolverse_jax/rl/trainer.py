@@ -120,17 +120,20 @@ def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
     def step(state: TrainState, batch: TrainBatch):
         micro = _split_micro(batch, num_micro)
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-        zero = jax.tree.map(jnp.zeros_like, state.params)
+        # Accumulate in float32 whatever the param dtype (bf16 params give bf16 grads; a bf16
+        # carry would also lose the small micro-batch contributions).
+        zero = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
         weights = jnp.sum(micro.loss_mask, axis=(1, 2))
         weights = weights / jnp.maximum(jnp.sum(weights), 1.0)
 
         def body(acc, xs):
             mb, w = xs
             (loss, metrics), grads = grad_fn(state.params, mb)
-            acc = jax.tree.map(lambda a, g: a + w * g, acc, grads)
+            acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), acc, grads)
             return acc, (loss, metrics)
 
         grads, (losses, metrics) = jax.lax.scan(body, zero, (micro, weights))
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         out = {k: jnp.sum(v * weights) if k != "logprob_diff_max" else jnp.max(v)
