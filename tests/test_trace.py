@@ -152,9 +152,12 @@ def test_state_boundaries_and_packing():
     tt2 = [-1, -1, 0, -1, 1, 1]  # one tool turn, then the answer turn 1
     assert trace.state_boundaries(tt2, 1, 4) == [2, 4, -1, -1]
     seq, bnd, ans = trace.readiness_inputs([list(range(10)), list(range(6))], [tt, tt2], [2, 1],
-                                           [[[5, 6]], [[7], [8, 9, 1]]], num_turns=3)
+                                           [[[5, 6]], [[7], [8, 9, 1]]], num_turns=3,
+                                           answer_pad_to=1)
     assert seq.shape == (2, 16) and bnd.tolist() == [[3, 7, 10, -1], [2, 4, -1, -1]]
     assert ans.tolist() == [[[5, 6, -1], [-1, -1, -1]], [[7, -1, -1], [8, 9, 1]]]
+    _, _, padded = trace.readiness_inputs([list(range(10))], [tt], [2], [[[5, 6]]], num_turns=3)
+    assert padded.tolist() == [[[5, 6] + [-1] * 6]]  # La rounded up to 8: one compile per bucket
 
 
 def test_readiness_for_trajectories_matches_direct_scoring(tiny):

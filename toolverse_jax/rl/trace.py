@@ -16,6 +16,7 @@ a custom attention mask, IGPO-style) and `score_readiness_naive` (one sequence p
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import jax
@@ -116,11 +117,16 @@ def trace_advantages(readiness: Array, turn_mask: Array, rewards: Array, group_i
 #       last token predicts the first answer token, so no answer token is scored from S_k itself.
 
 
-def pack_answers(aliases: Sequence[Sequence[Sequence[int]]], pad: int = -1) -> np.ndarray:
-    """Returns int32 [B, A, La] from per-rollout lists of alias token lists, padded with -1."""
+def pack_answers(aliases: Sequence[Sequence[Sequence[int]]], pad: int = -1,
+                 pad_to: int = 1) -> np.ndarray:
+    """Returns int32 [B, A, La] from per-rollout lists of alias token lists, padded with -1.
+
+    La is rounded up to a multiple of `pad_to` (the padding is never scored) to bound recompiles.
+    """
     b = len(aliases)
     a = max(1, max(len(x) for x in aliases))
     la = max(1, max((len(t) for x in aliases for t in x), default=1))
+    la = -(-la // pad_to) * pad_to
     out = np.full((b, a, la), pad, np.int32)
     for i, x in enumerate(aliases):
         for j, t in enumerate(x):
@@ -270,11 +276,12 @@ def state_boundaries(token_turn: Sequence[int], num_tool_turns: int, num_states:
 def readiness_inputs(token_lists: Sequence[Sequence[int]], token_turns: Sequence[Sequence[int]],
                      num_tool_turns: Sequence[int],
                      answer_aliases: Sequence[Sequence[Sequence[int]]], num_turns: int,
-                     pad_to: int = 8):
+                     pad_to: int = 8, answer_pad_to: int = 8):
     """Returns numpy (sequences [B, L], boundaries [B, num_turns+1], answers [B, A, La]).
 
     Host-side packing of rollouts for `score_readiness`; L is rounded up to a multiple of
-    `pad_to` to bound recompiles. answer_aliases: per rollout, the token ids of each gold alias.
+    `pad_to` and La to one of `answer_pad_to` to bound recompiles. answer_aliases: per rollout, the
+    token ids of each gold alias.
     """
     b = len(token_lists)
     longest = max(len(t) for t in token_lists)
@@ -284,7 +291,7 @@ def readiness_inputs(token_lists: Sequence[Sequence[int]], token_turns: Sequence
     for i, (toks, tt, n) in enumerate(zip(token_lists, token_turns, num_tool_turns)):
         seq[i, :len(toks)] = toks
         bnd[i] = state_boundaries(tt, n, num_turns + 1)
-    return seq, bnd, pack_answers(answer_aliases)
+    return seq, bnd, pack_answers(answer_aliases, pad_to=answer_pad_to)
 
 
 def gold_aliases(task) -> list:
@@ -309,9 +316,18 @@ def readiness_for_trajectories(ref_params, cfg, trajs, tasks_by_id, tokenizer, n
     seq, bnd, ans = readiness_inputs([t.tokens for t in trajs], [t.token_turn for t in trajs],
                                      [len(t.turn_calls) for t in trajs], aliases, num_turns,
                                      pad_to=pad_to)
-    fn = {"single_pass": score_readiness, "naive": score_readiness_naive}.get(scorer)
-    if fn is None:
-        raise ValueError(f"TRACE scorer {scorer!r} is unknown; use 'single_pass' or 'naive'")
-    out = jax.jit(lambda s, b, a, p: fn(ref_params, cfg, s, b, a, p, backend=backend))(
-        seq, bnd, ans, np.asarray(prefix, np.int32))
+    if scorer not in SCORERS:
+        raise ValueError(f"TRACE scorer {scorer!r} is unknown; use one of {tuple(SCORERS)}")
+    out = _score_jit(ref_params, seq, bnd, ans, np.asarray(prefix, np.int32), cfg=cfg,
+                     scorer=scorer, backend=backend)
     return np.asarray(out)
+
+
+SCORERS = {"single_pass": score_readiness, "naive": score_readiness_naive}
+
+
+# One jit for every RL step: params are an argument (not baked-in constants), so a step whose
+# padded shapes were seen before reuses the compiled scorer.
+@functools.partial(jax.jit, static_argnames=("cfg", "scorer", "backend"))
+def _score_jit(params, seq, bnd, ans, prefix, *, cfg, scorer, backend):
+    return SCORERS[scorer](params, cfg, seq, bnd, ans, prefix, backend=backend)
