@@ -22,7 +22,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SKIP = {"__init__", "all", "logprob_gpu_check"}  # the GPU check needs an accelerator
+SKIP = {"__init__", "all", "logprob_gpu_check", "gpu_check"}  # GPU checks need an accelerator
 # Small-size flags for benchmarks without --quick (their argparse options, checked by hand).
 QUICK_ARGS = {"envs": ["--episodes", "8", "--rounds", "5"],
               "dusa": ["--num_tasks", "8", "--horizon", "3"]}

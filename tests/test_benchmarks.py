@@ -1,12 +1,13 @@
 """Benchmarks: FLOP formula by hand, matmul peak on a tiny size, all.py plumbing; quick runs (slow)."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
 
 from benchmarks import all as bench_all
-from benchmarks import grpo_trl, multihost, sampler, train_step
+from benchmarks import gpu_check, grpo_trl, multihost, sampler, train_step
 from toolverse_jax.models import ModelConfig
 
 
@@ -132,3 +133,58 @@ def test_multihost_quick_run():
     assert out["two_processes"]["devices"] == 2 and out["single_process"]["devices"] == 1
     assert out["first_loss_abs_diff"] < 1e-5
     assert out["batch_shape"] == [4, 64]
+
+
+def test_gpu_check_summary_and_group_kill():
+    res = {"env": {"jax": {"device_kind": "NVIDIA H200", "backend": "gpu"}},
+           "logprob_kernel": {
+               "naive": {"configs": {"bfloat16_N4096": {"fwd": {"median_s": 2.0, "temp_bytes": 100},
+                                                         "fwd_bwd": {"median_s": 4.0}}}},
+               "pallas": {"configs": {"bfloat16_N4096": {
+                   "fwd": {"median_s": 1.0, "temp_bytes": 5},
+                   "fwd_bwd": {"error": {"type": "XlaRuntimeError", "message": "smem"}},
+                   "rel_err_vs_naive": {"ok": True}}},
+                   "pallas_tile_sweep": {"bfloat16": {
+                       "16x32": {"fwd": {"median_s": 0.5}, "bwd_only": {"median_s": 1.0}},
+                       "64x64": {"fwd": {"error": {"type": "ValueError"}}, "bwd_only": {}}}}}},
+           "train_step": {"auto": {"step": {"median_step_s": 0.5, "compile_s": 30.0}},
+                          "pallas": {"skipped": "x"}},
+           "tests": {"skipped": "no hypothesis"}}
+    s = gpu_check.summarize(res)
+    row = s["logprob_pallas_vs_naive_bfloat16_N4096"]
+    assert row["time_ratio_fwd"] == 0.5 and row["temp_bytes_ratio_fwd"] == 0.05
+    assert row["fwd_bwd_error"] == "XlaRuntimeError" and row["errors_ok"] is True
+    assert s["pallas_tiles_bfloat16"] == {"fastest_ok": ["16x32: fwd 0.5 s, bwd 1.0 s"],
+                                          "ok": 1, "failed": 1}
+    assert s["train_step_auto"]["median_step_s"] == 0.5 and s["tests"] == "no hypothesis"
+    assert "error" in gpu_check.summarize({"env": []})  # a malformed record does not raise
+    # A part past its cap is killed with its whole process group, and its output is kept.
+    rc, out, timed_out = gpu_check.run_group(
+        [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"], 3)
+    assert timed_out and rc == -9 and "started" in out
+
+
+def test_gpu_check_env_section_runs_in_a_child(tmp_path):
+    out = gpu_check.main(["--sections", "env", "--out", str(tmp_path / "g.json")])
+    assert json.loads((tmp_path / "g.json").read_text())["env"]["our_imports"] == \
+        out["env"]["our_imports"]
+    env = out["env"]
+    assert env["_child"]["rc"] == 0 and env["jax"]["device_count"] >= 1
+    assert env["our_imports"]["toolverse_jax.rl.trainer"] == "ok"
+    assert env["kernel_dispatch"]["auto_resolves_to"] == "chunked"
+    assert "logprob_kernel" not in out and out["summary"]["device"] == env["jax"]["device_kind"]
+
+
+@pytest.mark.slow
+def test_gpu_check_quick_run():
+    out = gpu_check.main(["--quick"])
+    json.dumps(out)
+    lp = out["logprob_kernel"]
+    for impl in ("naive", "chunked", "pallas"):
+        assert lp[impl]["_child"]["rc"] == 0, lp[impl]
+        for c in lp[impl]["configs"].values():
+            assert c["fwd"]["median_s"] > 0 and c["fwd_bwd"]["median_s"] > 0
+    assert all(c["rel_err_vs_naive"]["ok"] for c in lp["pallas"]["configs"].values())
+    assert out["train_step"]["auto"]["step"]["mfu_vs_measured_bf16_matmul"] > 0
+    assert out["sampler"]["ours"]["ours"]["tokens_per_s"] > 0
+    assert "passed" in out["tests"]["summary"]
