@@ -120,6 +120,21 @@ def test_resume_gives_bit_exact_next_step(full_run, tmp_path):
     assert os.path.exists(os.path.join(wd, "learning_curve.png"))
 
 
+def test_inspect_rollouts_on_a_run_split(full_run):
+    from experiments.inspect_rollouts import inspect, summarize
+    from types import SimpleNamespace as T
+
+    s = summarize([T(task_id="a", success=True), T(task_id="a", success=False),
+                   T(task_id="b", success=False), T(task_id="b", success=False)])
+    assert s == {"tasks": 2, "mean_success": 0.25, "pass_at_k": 0.5}
+    summary, trajs, tok = inspect(_config(), full_run, "eval", n=2, k=2, temperature=1.0)
+    assert summary["step"] == 4 and summary["tasks"] == 2 and len(trajs) == 4
+    assert 0.0 <= summary["mean_success"] <= summary["pass_at_k"] <= 1.0
+    assert tok.decode(trajs[0].tokens).startswith("<|im_start|>system")
+    with pytest.raises(ValueError, match="temperature"):
+        inspect(_config(), full_run, "eval", n=2, k=2, temperature=0.0)
+
+
 def test_mismatched_and_corrupt_checkpoints_fail_clearly(full_run, tmp_path):
     from toolverse_jax.rl.loop import run_training
     wd = str(tmp_path / "copy")
