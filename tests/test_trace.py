@@ -180,3 +180,36 @@ def test_readiness_for_trajectories_matches_direct_scoring(tiny):
     want = trace.score_readiness(params, cfg, seq, np.array([[3, 9, -1]]), ans, prefix)
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert got[0, 2] == 0.0 and got[0, 0] < 0
+
+
+def test_readiness_metrics_use_each_rows_last_state():
+    r = np.array([[-2.0, -1.0, -0.5, 0.0], [-3.0, -3.0, 0.0, 0.0]])
+    m = trace.readiness_metrics(r, [2, 5])  # row 1 has more turns than states: clipped to S_3
+    assert m["trace/readiness_s0"] == pytest.approx(-2.5)
+    assert m["trace/readiness_last"] == pytest.approx((-0.5 + 0.0) / 2)
+    assert m["trace/readiness_gain"] == pytest.approx(((-0.5 + 2.0) + 3.0) / 2)
+
+
+def test_trace_search_config_runs_an_rl_step_end_to_end(tmp_path):
+    # configs/trace_search.py through experiments' run_training: search tasks, the hidden BM25
+    # server, readiness under the frozen reference, TRACE advantages and one PPO update.
+    import json
+
+    from configs.trace_search import get_config
+    from toolverse_jax.rl.loop import run_training
+
+    c = get_config()
+    c.tasks.num_tasks, c.tasks.eval_fraction = 16, 0.25
+    c.model.tokenizer = "byte"
+    c.sft.steps, c.sft.batch_size = 2, 4
+    c.rl.steps, c.rl.tasks_per_step, c.rl.group_size = 1, 2, 2
+    c.rollout.max_new_tokens, c.rollout.max_turns = 24, 2
+    c.train.eval_every, c.train.progress = 0, False
+    run_training(c, str(tmp_path))
+    rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    rl = [r for r in rows if r.get("phase") == "rl"]
+    assert len(rl) == 1 and np.isfinite(rl[0]["loss"])
+    m = rl[0]
+    assert m["trace/readiness_s0"] < 0 and m["trace/readiness_last"] < 0
+    assert m["trace/readiness_gain"] == pytest.approx(m["trace/readiness_last"] -
+                                                      m["trace/readiness_s0"], abs=1e-6)

@@ -426,7 +426,8 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                     t_roll = time.time() - t0
                     readiness = None
                     if config.rl.advantage == "trace":
-                        from toolverse_jax.rl.trace import readiness_for_trajectories
+                        from toolverse_jax.rl.trace import (readiness_for_trajectories,
+                                                            readiness_metrics)
                         tr_cfg = config.trace
                         if ref_local is None:
                             ref_local = local_params(ref_params)
@@ -435,12 +436,15 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                                 ref_local, cfg, trajs, tasks_by_id, tokenizer,
                                 rcfg.max_turns + 1, tr_cfg.answer_prefix, tr_cfg.scorer,
                                 pad_to=tr_cfg.pad_to)
+                        trace_m = readiness_metrics(readiness, [len(t.turn_calls) for t in trajs])
                     turn_adv = compute_advantages(trajs, config.rl.advantage,
                                                   dict(config.rl.adv), rcfg.max_turns + 1,
                                                   readiness)
                     rows = trajectory_rows(trajs, turn_adv)
                     metrics = rollout_metrics(trajs, "rollout")
                     metrics["phase"] = "rl"
+                    if readiness is not None:
+                        metrics.update(trace_m)
                     if distributed.global_any(bool(rows)):
                         t1 = time.time()
                         # A process whose episodes all failed contributes one loss-free row.

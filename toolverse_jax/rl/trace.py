@@ -294,6 +294,20 @@ def readiness_inputs(token_lists: Sequence[Sequence[int]], token_turns: Sequence
     return seq, bnd, pack_answers(answer_aliases, pad_to=answer_pad_to)
 
 
+def readiness_metrics(readiness, num_tool_turns: Sequence[int]) -> dict:
+    """Returns mean ℓ̄ at S_0 and at each rollout's last state, and their difference (gain).
+
+    readiness: [B, T+1] from `readiness_for_trajectories`; num_tool_turns [B]: the last state of
+    row b is S_{min(n_b, T)}. A positive gain: the rollouts' tool calls made the reference more
+    ready to give the gold answer.
+    """
+    r = np.asarray(readiness, np.float64)
+    last_idx = np.minimum(np.asarray(num_tool_turns, np.int64), r.shape[1] - 1)
+    first, last = r[:, 0], r[np.arange(r.shape[0]), last_idx]
+    return {"trace/readiness_s0": float(first.mean()), "trace/readiness_last": float(last.mean()),
+            "trace/readiness_gain": float((last - first).mean())}
+
+
 def gold_aliases(task) -> list:
     """Returns the gold answer strings of a task: meta["aliases"], else [answer]."""
     aliases = list((getattr(task, "meta", None) or {}).get("aliases") or [])
