@@ -5,7 +5,7 @@
 
 Uses the training config, so tasks, split, tokenizer (WORKDIR/tokenizer) and rollout settings are
 the run's own. Prints one JSON line {"step", "split", "tasks", "k", "temperature", "mean_success",
-"pass_at_k", "greedy"...} and, unless --quiet, every transcript with its statuses. pass@k of the
+"pass_at_k"} and, unless --quiet, every transcript with its statuses. pass@k of the
 warm-started policy bounds what RL can reach quickly: GRPO sharpens behaviours it samples.
 """
 
@@ -43,7 +43,7 @@ def summarize(trajs) -> dict:
 def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
             temperature: float = 0.0, step: int | None = None):
     """Returns (summary dict, trajectories, tokenizer) for `n` tasks of the run's `split`."""
-    from toolverse_jax.envs import Catalog, EnvPool
+    from toolverse_jax.envs import EnvPool
     from toolverse_jax.eval.policies import load_orbax_params
     from toolverse_jax.rl import loop
     from toolverse_jax.rl.rollout import SamplerPolicy, run_rollouts
@@ -53,8 +53,7 @@ def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
         raise ValueError("--k > 1 with --temperature 0 repeats one greedy rollout; set a temperature")
     splits = loop.load_tasks(config, workdir)
     tasks = splits[split][:n]
-    catalog = Catalog.default(kinds=("builtin",),
-                              include_hidden=bool(config.env.get("include_hidden", False)))
+    catalog = loop.run_catalog(config)
     tokenizer = loop.build_tokenizer(config, splits["train"], catalog, workdir)
     cfg, params, got_step = load_orbax_params(workdir, step)
     sampling = SamplingParams(

@@ -146,6 +146,12 @@ def _filter_tasks(tasks: list[Task], config: ConfigDict) -> list[Task]:
     return kept
 
 
+def run_catalog(config: ConfigDict) -> Catalog:
+    """Returns the catalog a training run serves: built-in servers, hidden ones if opted in."""
+    return Catalog.default(kinds=("builtin",),
+                           include_hidden=bool(config.env.get("include_hidden", False)))
+
+
 def phase_optimizers(config: ConfigDict):
     """Returns (sft optimizer, rl optimizer) from config.sft and config.rl."""
     sft, rl = config.sft, config.rl
@@ -307,8 +313,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
     if not tasks["train"] or not tasks["eval"]:
         raise ValueError(f"task split is empty: {len(tasks['train'])} train, "
                          f"{len(tasks['eval'])} eval; raise config.tasks.num_tasks")
-    catalog = Catalog.default(kinds=("builtin",),
-                              include_hidden=bool(config.env.get("include_hidden", False)))
+    catalog = run_catalog(config)
     tokenizer = build_tokenizer(config, tasks["train"], catalog, workdir)
     if lead:
         barrier("tasks")
@@ -436,7 +441,6 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                                 ref_local, cfg, trajs, tasks_by_id, tokenizer,
                                 rcfg.max_turns + 1, tr_cfg.answer_prefix, tr_cfg.scorer,
                                 pad_to=tr_cfg.pad_to)
-                        trace_m = readiness_metrics(readiness, [len(t.turn_calls) for t in trajs])
                     turn_adv = compute_advantages(trajs, config.rl.advantage,
                                                   dict(config.rl.adv), rcfg.max_turns + 1,
                                                   readiness)
@@ -444,7 +448,8 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                     metrics = rollout_metrics(trajs, "rollout")
                     metrics["phase"] = "rl"
                     if readiness is not None:
-                        metrics.update(trace_m)
+                        metrics.update(readiness_metrics(readiness,
+                                                         [len(t.turn_calls) for t in trajs]))
                     if distributed.global_any(bool(rows)):
                         t1 = time.time()
                         # A process whose episodes all failed contributes one loss-free row.
