@@ -74,11 +74,16 @@ def test_gold_script_succeeds_and_records_everything(tasks):
         good_tr, bad_tr = run_rollouts(policy, [task], 2, pool, TOK, RolloutConfig(max_turns=4, max_context=8192),
                                        rng=jax.random.key(0))
     assert good_tr.success and good_tr.reward == 1.0 and good_tr.finished
-    assert good_tr.turn_rewards == [1.0, 1.0]
+    assert [t.gold_match for t in good_tr.turns] == [1.0, 1.0, 0.0]
+    assert [t.kind for t in good_tr.turns] == ["calls", "calls", "answer"]
+    # State keys: turn 0 acts from the initial state (same for the group), later turns from
+    # the state their executed calls made; invalid calls leave the state as it was.
+    assert good_tr.turns[0].state_key == bad_tr.turns[0].state_key == bad_tr.turns[1].state_key
+    assert len({t.state_key for t in good_tr.turns}) == 3
     assert all(s == "ok" for turn in good_tr.turn_statuses for s in turn)
     assert good_tr.group_id == bad_tr.group_id
     assert not bad_tr.success and bad_tr.turn_statuses[0] == ["invalid_call"]
-    assert bad_tr.turn_rewards == [0.0]
+    assert [t.gold_match for t in bad_tr.turns] == [0.0, 0.0]
     for tr in (good_tr, bad_tr):
         assert len(tr.tokens) == len(tr.policy_mask) == len(tr.sample_logprobs) == len(tr.token_turn)
         # Policy tokens are exactly the sampled ids, in order (token in, token out).
@@ -99,48 +104,87 @@ def test_truncated_turn_ends_rollout_and_state_tasks_read_final_state(tasks):
         ok, cut = run_rollouts(policy, [task], 2, pool, TOK, RolloutConfig(max_context=8192), rng=jax.random.key(0))
     assert ok.success, ok.turn_statuses
     assert cut.end_reason == "max_new_tokens" and not cut.success
+    assert [t.kind for t in cut.turns] == ["truncated"] and cut.token_turn[-1] == 0
+
+
+def _traj(group, reward, kinds, gold=None, failed=False):
+    """A hand-made trajectory: a 2-token prompt, then per turn 2 policy tokens and 1 env token."""
+    from toolverse_jax.rl.rollout import Trajectory, Turn
+    toks, mask, tt = [1, 2], [False, False], [-1, -1]
+    for t, _ in enumerate(kinds):
+        toks += [3, 4, 5]
+        mask += [True, True, False]
+        tt += [t, t, -1]
+    gold = gold or [0.0] * len(kinds)
+    tr = Trajectory("t", group, toks, mask, [0.0] * len(toks), tt, 2,
+                    turns=[Turn(k, [{}] if k != "answer" else [], [], g, 0)
+                           for k, g in zip(kinds, gold)])
+    tr.reward, tr.infra_failed, tr.finished = reward, failed, kinds[-1] == "answer"
+    return tr
 
 
 def test_batching_advantages_and_rows(tasks):
-    from toolverse_jax.rl.rollout import Trajectory
-    def tr(group, reward, turn_rewards, answered, failed=False):
-        t = Trajectory("t", group, [1, 2, 3, 4, 5, 6], [False, False, True, True, False, True],
-                       [0, 0, -1, -1, 0, -2], [-1, -1, 0, 0, -1, 1], 2)
-        t.turn_calls = [[{}]] * len(turn_rewards)
-        t.turn_rewards, t.reward, t.final_turn_is_answer, t.infra_failed = (
-            turn_rewards, reward, answered, failed)
-        return t
-    trajs = [tr(0, 1.0, [1.0], True), tr(0, 0.0, [0.0], True), tr(0, 0.0, [1.0], False, True),
-             tr(1, 1.0, [1.0], True), tr(1, 1.0, [1.0], True)]
-    r, m = turn_arrays(trajs, 3)
+    trajs = [_traj(0, 1.0, ["calls", "answer"], [1.0, 0]), _traj(0, 0.0, ["calls", "answer"]),
+             _traj(0, 0.0, ["calls"], [1.0], failed=True),
+             _traj(1, 1.0, ["calls", "answer"], [1.0, 0]),
+             _traj(1, 1.0, ["calls", "answer"], [1.0, 0])]
+    r, m, last, _ = turn_arrays(trajs, 3)
     assert r[0].tolist() == [1, 1, 0] and m[2].tolist() == [True, False, False]
+    assert last[0].tolist() == [False, True, False]
     adv = compute_advantages(trajs, "grpo", {}, 3)
-    np.testing.assert_allclose(adv[:2, 0], [1.0, -1.0], atol=1e-5)
+    np.testing.assert_allclose(adv[:2, :2], [[1.0, 1.0], [-1.0, -1.0]], atol=1e-5)
     assert np.all(adv[2] == 0) and np.all(adv[3:] == 0)  # failed row and all-equal group
     rows = trajectory_rows(trajs, adv)
     assert len(rows) == 4  # the infra failure is dropped
-    assert rows[0]["advantages"].tolist() == pytest.approx([0, 0, 1, 1, 0, 1], abs=1e-5)
+    assert rows[0]["advantages"].tolist() == pytest.approx([0, 0, 1, 1, 0, 1, 1, 0], abs=1e-5)
     batch = pack_rows(rows, pad_id=0, num_micro=3)
     assert batch.tokens.shape[0] == 6 and batch.tokens.shape[1] == 64
-    assert batch.loss_mask[0, :5].tolist() == [0, 1, 1, 0, 1]  # mask of the *target* token
-    assert batch.targets[0, :5].tolist() == [2, 3, 4, 5, 6]
+    assert batch.loss_mask[0, :7].tolist() == [0, 1, 1, 0, 1, 1, 0]  # mask of the *target*
+    assert batch.targets[0, :5].tolist() == [2, 3, 4, 5, 3]
     assert batch.loss_mask[4:].sum() == 0
     ta = compute_advantages(trajs, "turn_aware", {"lam": 0.5, "gamma": 0.5}, 3)
     assert ta.shape == (5, 3) and np.all(ta[2] == 0)
     with pytest.raises(KeyError, match="not registered"):
         compute_advantages(trajs, "nope", {}, 3)
+    with pytest.raises(ValueError, match="has 2 turns"):
+        turn_arrays(trajs, 1)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "turn_aware", "state_grouped", "trace"])
+def test_truncated_rollout_gets_negative_advantage_on_every_policy_token(estimator):
+    """A rollout cut at max_new_tokens in its second turn, in a group with a successful one:
+    every one of its policy tokens (the call turn and the truncated turn) is pushed down."""
+    from toolverse_jax.rl.registry import list_advantages
+    assert estimator in list_advantages()
+    ok = _traj(0, 1.0, ["calls", "answer"], [1.0, 0.0])
+    cut = _traj(0, 0.0, ["calls", "truncated"], [0.0, 0.0])
+    cut.end_reason = "max_new_tokens"
+    trajs = [ok, cut]
+    # TRACE readiness [B, T+1]: a reference that is equally unsure in every state (no turn
+    # credit), so only the outcome term decides the sign.
+    readiness = np.full((2, 4), -2.0, np.float32) if estimator == "trace" else None
+    adv = compute_advantages(trajs, estimator, {}, 3, readiness)
+    rows = trajectory_rows(trajs, adv)
+    cut_adv = rows[1]["advantages"][np.asarray(cut.policy_mask)]
+    ok_adv = rows[0]["advantages"][np.asarray(ok.policy_mask)]
+    assert cut_adv.size == 4 and np.all(cut_adv < 0), cut_adv
+    assert np.all(ok_adv > 0), ok_adv
 
 
 def test_shaped_reward_adds_call_and_gold_turn_bonuses():
-    from toolverse_jax.rl.rollout import Trajectory, shaped_reward
-    t = Trajectory("t", 0, [], [], [], [], 0)
-    t.turn_statuses = [["ok", "invalid_call"], ["ok", "ok"]]
-    t.turn_rewards = [1.0, 0.0]
+    from toolverse_jax.rl.rollout import Trajectory, Turn, shaped_reward
+    t = Trajectory("t", 0, [], [], [], [], 0, turns=[
+        Turn("calls", [{}, {}], ["ok", "invalid_call"], 1.0), Turn("calls", [{}, {}], ["ok", "ok"]),
+        Turn("answer")])
     assert shaped_reward(t, RolloutConfig()) == 0.0
     cfg = RolloutConfig(ok_call_bonus=0.2, gold_turn_bonus=0.4)
     assert shaped_reward(t, cfg) == pytest.approx(0.2 * 0.75 + 0.4 * 0.5)
     t.success = True
     assert shaped_reward(t, cfg) == pytest.approx(1.0 + 0.15 + 0.2)
+    # A truncated turn is a turn that missed its stage.
+    t.turns[-1] = Turn("truncated", [], ["truncated"])
+    t.success = False
+    assert shaped_reward(t, RolloutConfig(gold_turn_bonus=0.6)) == pytest.approx(0.6 / 3)
 
 
 def test_quickstart_filter_drops_unanswerable_and_long_literal_tasks():

@@ -169,7 +169,7 @@ def test_readiness_for_trajectories_matches_direct_scoring(tiny):
     tok = ByteTokenizer()
     task = SimpleNamespace(answer="Paris", meta={"aliases": ["Paris", "paris"]})
     tr = SimpleNamespace(task_id="t", tokens=list(range(20, 32)),
-                         token_turn=[-1] * 3 + [0] * 3 + [-1] * 3 + [1] * 3, turn_calls=[[]])
+                         token_turn=[-1] * 3 + [0] * 3 + [-1] * 3 + [1] * 3, num_call_turns=1)
     got = trace.readiness_for_trajectories(params, cfg, [tr], {"t": task}, tok, num_turns=2,
                                            pad_to=8)
     prefix = np.asarray(tok.encode("<answer>", allow_special=False), np.int32)

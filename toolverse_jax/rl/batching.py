@@ -11,35 +11,44 @@ from toolverse_jax.rl.registry import AdvantageInputs, get_advantage
 from toolverse_jax.rl.rollout import Trajectory
 
 
-def turn_arrays(trajs: Sequence[Trajectory], num_turns: int) -> tuple[np.ndarray, np.ndarray]:
-    """Returns (turn_rewards, turn_mask) [B, num_turns]. Tool-call turns carry r_{i,t} (gold
-    stage covered); a final answer turn is a turn too, rewarded by the outcome."""
-    r = np.zeros((len(trajs), num_turns), np.float32)
-    m = np.zeros((len(trajs), num_turns), bool)
+def turn_arrays(trajs: Sequence[Trajectory], num_turns: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Returns (turn_rewards, turn_mask, outcome_only, state_keys), each [B, num_turns].
+
+    Every turn of `Trajectory.turns` is a turn of the loss (mask True), whatever its kind, so
+    every policy token gets credit. turn_rewards: r_{i,t} = the gold match of a call turn, the
+    rollout's outcome reward for the answer turn, 0 for a truncated turn. outcome_only marks the
+    terminal turns that did not reach the environment (answer, truncated): TRACE gives them the
+    outcome advantage only. A rollout with more turns than `num_turns` is an error (its tokens
+    would have no advantage)."""
+    b = len(trajs)
+    r = np.zeros((b, num_turns), np.float32)
+    m = np.zeros((b, num_turns), bool)
+    last = np.zeros((b, num_turns), bool)
+    keys = np.zeros((b, num_turns), np.int32)
     for i, tr in enumerate(trajs):
-        vals = list(tr.turn_rewards)
-        if tr.final_turn_is_answer:
-            vals.append(tr.reward)
-        n = min(len(vals), num_turns)
-        r[i, :n] = vals[:n]
-        m[i, :n] = True
-    return r, m
+        if len(tr.turns) > num_turns:
+            raise ValueError(f"rollout of task {tr.task_id!r} has {len(tr.turns)} turns but the "
+                             f"advantage arrays hold {num_turns}; pass num_turns >= max_turns + 1")
+        for t, turn in enumerate(tr.turns):
+            m[i, t] = True
+            r[i, t] = tr.reward if turn.kind == "answer" else turn.gold_match
+            last[i, t] = turn.kind != "calls"
+            keys[i, t] = turn.state_key
+    return r, m, last, keys
 
 
 def advantage_inputs(trajs: Sequence[Trajectory], num_turns: int,
                      readiness: np.ndarray | None = None) -> AdvantageInputs:
     """Returns the estimator inputs [B] / [B, T] for a batch of trajectories."""
-    r, m = turn_arrays(trajs, num_turns)
-    answer = np.zeros_like(m)
-    for i, tr in enumerate(trajs):
-        if tr.final_turn_is_answer and len(tr.turn_rewards) < num_turns:
-            answer[i, len(tr.turn_rewards)] = True
+    r, m, last, keys = turn_arrays(trajs, num_turns)
     return AdvantageInputs(
         rewards=jnp.asarray([t.reward for t in trajs], jnp.float32),
         group_ids=jnp.asarray([t.group_id for t in trajs], jnp.int32),
         valid=jnp.asarray([not t.infra_failed for t in trajs]),
-        turn_mask=jnp.asarray(m), turn_rewards=jnp.asarray(r), answer_mask=jnp.asarray(answer),
-        readiness=None if readiness is None else jnp.asarray(readiness, jnp.float32))
+        turn_mask=jnp.asarray(m), turn_rewards=jnp.asarray(r), answer_mask=jnp.asarray(last),
+        readiness=None if readiness is None else jnp.asarray(readiness, jnp.float32),
+        state_keys=jnp.asarray(keys))
 
 
 def compute_advantages(trajs: Sequence[Trajectory], estimator: str, consts: dict[str, Any],

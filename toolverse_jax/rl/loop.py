@@ -449,7 +449,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                     metrics["phase"] = "rl"
                     if readiness is not None:
                         metrics.update(readiness_metrics(readiness,
-                                                         [len(t.turn_calls) for t in trajs]))
+                                                         [t.num_call_turns for t in trajs]))
                     if distributed.global_any(bool(rows)):
                         t1 = time.time()
                         # A process whose episodes all failed contributes one loss-free row.

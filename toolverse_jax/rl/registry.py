@@ -27,7 +27,8 @@ class AdvantageInputs(NamedTuple):
 
     rewards [B] outcome reward; group_ids [B] int (rollouts of one task share an id);
     valid [B] bool (False = infrastructure failure); turn_rewards [B, T] (TARA r_{i,t});
-    turn_mask [B, T] bool (turn exists); answer_mask [B, T] bool (the final-answer turn);
+    turn_mask [B, T] bool (turn exists); answer_mask [B, T] bool (the terminal turn without an
+    observation: final answer, or cut at max_new_tokens);
     readiness [B, T+1] (TRACE ℓ̄ of S_0..S_T); state_keys [B, T] int (GiGPO state hashes).
     """
     rewards: Array

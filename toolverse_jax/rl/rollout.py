@@ -8,6 +8,7 @@ and so on. Nothing is ever re-tokenized, so the trainer scores exactly the sampl
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from typing import Any, Protocol, Sequence
 
@@ -60,10 +61,51 @@ class RolloutConfig:
     gold_turn_bonus: float = 0.0
 
 
+TURN_KINDS = ("calls", "answer", "truncated")
+
+
+@dataclasses.dataclass
+class Turn:
+    """One assistant turn of a rollout: what the policy emitted and what came back.
+
+    kind: "calls" (tool calls, possibly unparseable ones: `statuses` then holds
+    "invalid_call"), "answer" (the final answer, no calls) or "truncated" (cut at
+    max_new_tokens; ends the rollout). Every kind is a turn of the loss: its tokens carry the
+    rollout's outcome advantage plus the estimator's turn-level terms.
+    gold_match: TARA's r_{i,t}, 1.0 when the calls cover turn t's gold stage (for the answer
+    turn the batching layer uses the rollout's outcome reward instead).
+    state_key: 31-bit hash of the environment state the turn acted from (the set of calls
+    executed before this turn with their observations; DESIGN §5's GiGPO anchor state).
+    Rollouts of one group start from the same seeded state, so equal keys mean equal states.
+    """
+
+    kind: str
+    calls: list[dict] = dataclasses.field(default_factory=list)
+    statuses: list[str] = dataclasses.field(default_factory=list)
+    gold_match: float = 0.0
+    state_key: int = 0
+
+    def __post_init__(self):
+        if self.kind not in TURN_KINDS:
+            raise ValueError(f"Turn.kind={self.kind!r}; use one of {TURN_KINDS}")
+
+
+def state_key(executed: set[str] | Sequence[str]) -> int:
+    """Returns a 31-bit key of the environment state reached by `executed` (canonical JSON of
+    each executed call with its status and observation): order free, so two rollouts that made
+    the same calls, in any turns and order, share a key; invalid calls change nothing."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in sorted(executed):
+        h.update(part.encode())
+        h.update(b"\x00")
+    return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
+
+
 @dataclasses.dataclass
 class Trajectory:
     """One rollout. tokens/policy_mask/sample_logprobs/token_turn are aligned, length = len(tokens).
-    token_turn: assistant-turn index of each policy token, -1 elsewhere."""
+    token_turn: index into `turns` of each policy token, -1 elsewhere. `turns` is the one
+    per-turn record (calls, statuses, gold match, state key); the views below derive from it."""
 
     task_id: str
     group_id: int
@@ -72,20 +114,39 @@ class Trajectory:
     sample_logprobs: list[float]
     token_turn: list[int]
     prompt_len: int
-    turn_calls: list[list[dict]] = dataclasses.field(default_factory=list)
-    turn_statuses: list[list[str]] = dataclasses.field(default_factory=list)
-    turn_rewards: list[float] = dataclasses.field(default_factory=list)  # TARA r_{i,t}
+    turns: list[Turn] = dataclasses.field(default_factory=list)
     final_answer: str | None = None
     finished: bool = False           # ended by an answer (not by turn/length limits)
     success: bool = False
     reward: float = 0.0
     infra_failed: bool = False       # a server crashed: excluded from group statistics
     end_reason: str = ""
-    final_turn_is_answer: bool = False
 
     @property
     def num_turns(self) -> int:
-        return len(self.turn_calls) + (1 if self.final_turn_is_answer else 0)
+        return len(self.turns)
+
+    @property
+    def tool_turns(self) -> list[Turn]:
+        """Turns that are not the final answer (calls and a truncated last turn)."""
+        return [t for t in self.turns if t.kind != "answer"]
+
+    @property
+    def num_call_turns(self) -> int:
+        """Returns the number of turns whose calls reached the environment (TRACE's n)."""
+        return sum(t.kind == "calls" for t in self.turns)
+
+    @property
+    def turn_calls(self) -> list[list[dict]]:
+        return [t.calls for t in self.tool_turns]
+
+    @property
+    def turn_statuses(self) -> list[list[str]]:
+        return [t.statuses for t in self.tool_turns]
+
+    @property
+    def final_turn_is_answer(self) -> bool:
+        return bool(self.turns) and self.turns[-1].kind == "answer"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -97,8 +158,9 @@ def shaped_reward(tr: "Trajectory", cfg: RolloutConfig) -> float:
     statuses = [s for turn in tr.turn_statuses for s in turn]
     if cfg.ok_call_bonus and statuses:
         reward += cfg.ok_call_bonus * statuses.count("ok") / len(statuses)
-    if cfg.gold_turn_bonus and tr.turn_rewards:
-        reward += cfg.gold_turn_bonus * sum(tr.turn_rewards) / len(tr.turn_rewards)
+    tool_turns = tr.tool_turns  # a truncated turn counts as one that missed its stage
+    if cfg.gold_turn_bonus and tool_turns:
+        reward += cfg.gold_turn_bonus * sum(t.gold_match for t in tool_turns) / len(tool_turns)
     return reward
 
 
@@ -198,6 +260,8 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
         trajs.append(Trajectory(task.id, group_offset + gi, list(prompt), [False] * len(prompt),
                                 [0.0] * len(prompt), [-1] * len(prompt), len(prompt)))
     active = [i for i in range(len(trajs))]
+    # Per rollout, the executed calls with their observations so far: the state keys.
+    executed: list[set[str]] = [set() for _ in trajs]
     try:
         for turn in range(cfg.max_turns):
             if not active:
@@ -217,22 +281,21 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                 tr.token_turn += [turn] * n
                 parsed = parse_tool_calls_lenient(tokenizer.decode(gen))
                 calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
+                skey = state_key(executed[i])
                 if not bool(out.stopped[row]):
                     tr.end_reason = "max_new_tokens"
-                    tr.turn_calls.append(calls)
-                    tr.turn_statuses.append(["truncated"])
+                    tr.turns.append(Turn("truncated", calls, ["truncated"], 0.0, skey))
                     continue
                 if not calls and not parsed.errors:
                     tr.final_answer = parsed.final_answer if parsed.final_answer is not None \
                         else parsed.content.strip()
-                    tr.finished, tr.final_turn_is_answer, tr.end_reason = True, True, "answer"
+                    tr.finished, tr.end_reason = True, "answer"
+                    tr.turns.append(Turn("answer", [], [], 0.0, skey))
                     continue
-                tr.turn_calls.append(calls)
-                tr.turn_statuses.append([])
                 stage = task.stages[turn] if turn < len(task.stages) else []
-                tr.turn_rewards.append(float(bool(stage) and _calls_cover(stage, calls)))
+                tr.turns.append(Turn("calls", calls, ["invalid_call"] * len(parsed.errors),
+                                     float(bool(stage) and _calls_cover(stage, calls)), skey))
                 responses = [f"invalid tool call: {e}" for e in parsed.errors]
-                tr.turn_statuses[-1] += ["invalid_call"] * len(parsed.errors)
                 for c in calls:
                     calls_batch.append((episodes[i], c["name"], c["arguments"]))
                     owners_batch.append(i)
@@ -240,9 +303,11 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                 still.append(i)
             if calls_batch:
                 results = pool.step(calls_batch)
-                for i, obs in zip(owners_batch, results):
+                for (_, name, args), i, obs in zip(calls_batch, owners_batch, results):
                     pending[i].append(obs.content)
-                    trajs[i].turn_statuses[-1].append(obs.status)
+                    trajs[i].turns[-1].statuses.append(obs.status)
+                    executed[i].add(json.dumps([name, args, obs.status, obs.content],
+                                               ensure_ascii=False, sort_keys=True, default=str))
                     if obs.status == "server_crashed":
                         trajs[i].infra_failed = True
             next_active = []

@@ -5,7 +5,8 @@ Layout of one rollout with n tool turns (0-indexed) and an optional final-answer
     S_0 = prompt | a_0 o_0 | S_1 | a_1 o_1 | S_2 ... | a_{n-1} o_{n-1} | S_n | final answer
 
 `readiness[b, k]` = ℓ̄_k for state S_k, k = 0..T (entries past n are padding). `turn_mask[b, t]`
-marks existing turns; `answer_mask[b, t]` the final-answer turn (at index n when present). Tool
+marks existing turns; `answer_mask[b, t]` the terminal turn that reached no environment (the
+final answer, or a turn cut at max_new_tokens; at index n when present). Tool
 turns (turn_mask & ~answer_mask) must be the prefix 0..n-1 of the row, as the rollout engine
 produces them.
 
@@ -91,7 +92,8 @@ def trace_advantages(readiness: Array, turn_mask: Array, rewards: Array, group_i
                      alpha_turn: float = 0.2, grpo_eps: float = 1e-6) -> Array:
     """Returns TRACE mixed per-turn advantages [B, T].
 
-    Tool turn k: α_out·A_out + α_turn·c_k; final-answer turn (answer_mask): α_out·A_out only;
+    Tool turn k: α_out·A_out + α_turn·c_k; final-answer or truncated turn (answer_mask):
+    α_out·A_out only;
     padded turns and invalid rows: 0. A_out = GRPO outcome advantage (population std) over
     `group_ids`; c is not group-normalized. readiness [B, T+1], turn_mask/answer_mask [B, T],
     rewards/group_ids/valid [B].
@@ -319,7 +321,7 @@ def readiness_for_trajectories(ref_params, cfg, trajs, tasks_by_id, tokenizer, n
                                pad_to: int = 64, backend: str = "auto") -> np.ndarray:
     """Returns ℓ̄ [B, num_turns+1] (numpy) for rollouts under the frozen reference params.
 
-    trajs: objects with `task_id`, `tokens`, `token_turn`, `turn_calls` (rl.rollout.Trajectory);
+    trajs: objects with `task_id`, `tokens`, `token_turn`, `num_call_turns` (rl.rollout.Trajectory);
     tasks_by_id: {task_id: Task}; answers are `gold_aliases(task)` encoded with `tokenizer`
     (best alias taken), scored after `answer_prefix`. Feed the result to
     `AdvantageInputs.readiness` with turn_mask/answer_mask over the same `num_turns`.
@@ -328,7 +330,7 @@ def readiness_for_trajectories(ref_params, cfg, trajs, tasks_by_id, tokenizer, n
     aliases = [[tokenizer.encode(a, allow_special=False) for a in
                 gold_aliases(tasks_by_id[t.task_id])] for t in trajs]
     seq, bnd, ans = readiness_inputs([t.tokens for t in trajs], [t.token_turn for t in trajs],
-                                     [len(t.turn_calls) for t in trajs], aliases, num_turns,
+                                     [t.num_call_turns for t in trajs], aliases, num_turns,
                                      pad_to=pad_to)
     if scorer not in SCORERS:
         raise ValueError(f"TRACE scorer {scorer!r} is unknown; use one of {tuple(SCORERS)}")
