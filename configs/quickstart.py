@@ -73,6 +73,8 @@ def get_config() -> ConfigDict:
     c.rl.entropy_coef = 0.0
     c.rl.tis_cap = 2.0
     c.rl.aggregation = "token_mean"
+    c.rl.ppo_epochs = 1             # passes over each rollout batch
+    c.rl.num_minibatches = 1        # updates per pass (rows shuffled into this many minibatches)
     c.rl.lr = 5e-4
     c.rl.warmup_steps = 2
     c.rl.weight_decay = 0.0

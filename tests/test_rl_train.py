@@ -188,3 +188,50 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(full_run, tmp_path):
     subprocess.run(_train_cmd(wd, *over), cwd=REPO, env=env, check=True, timeout=900,
                    capture_output=True)
     assert _losses(full_run)[4] == _losses(wd)[4]
+
+
+def test_rl_step_logs_advantage_truncation_and_entropy_metrics(full_run):
+    with open(os.path.join(full_run, "metrics.jsonl")) as f:
+        rl = [r for r in map(json.loads, f) if r.get("phase") == "rl"]
+    assert rl
+    for r in rl:
+        for k in ("adv/mean", "adv/std", "adv/zero_group_frac", "rollout/truncated_frac",
+                  "rollout/rate_invalid_call", "entropy", "ppo/updates"):
+            assert k in r, k
+        assert 0.0 <= r["adv/zero_group_frac"] <= 1.0 and r["adv/std"] >= 0.0
+
+
+def test_advantage_metrics_and_smoothing_by_hand():
+    from toolverse_jax.rl.loop import advantage_metrics, smooth
+    # Group 0: tokens (1, 1, -1, -1) -> nonzero; group 1: all zero; one padding row.
+    stats = np.array([[1, 0, 2.0, 2.0, 2], [1, 0, -2.0, 2.0, 2], [1, 1, 0.0, 0.0, 3],
+                      [0, 9, 5.0, 5.0, 5]], np.float64)
+    m = advantage_metrics(stats)
+    assert m["adv/zero_group_frac"] == 0.5
+    assert m["adv/mean"] == pytest.approx(0.0)
+    assert m["adv/std"] == pytest.approx(np.sqrt(4 / 7))
+    np.testing.assert_allclose(smooth([0, 1, 2, 3], window=2), [0, 0.5, 1.5, 2.5])
+
+
+def test_ppo_update_one_pass_equals_a_plain_step_and_counts_epochs():
+    from toolverse_jax.rl.loop import ppo_update
+    from toolverse_jax.rl.trainer import score_jit
+    from toolverse_jax.sharding import make_mesh, sharding_context
+    cfg = get_preset("tiny")
+    opt = make_optimizer(1e-3, 1, 10)
+    step = make_train_step(cfg, LossConfig(name="ppo_clip"), opt)
+    fresh = lambda: init_params(cfg, jax.random.key(2))  # the step donates its state
+    mesh = make_mesh((-1, 1, 1))
+    with sharding_context(mesh):
+        s1, m = ppo_update(init_train_state(fresh(), opt), _rows(), step, cfg=cfg, mesh=mesh,
+                           num_micro=1, pad_id=0, temperature=1.0)
+        assert m["ppo/updates"] == 1.0
+        batch = pack_rows(_rows(), 0)
+        lp, _ = score_jit(fresh(), batch, cfg=cfg, temperature=1.0)
+        s2, _ = step(init_train_state(fresh(), opt), batch._replace(old_logprobs=lp,
+                                                                    ref_logprobs=lp))
+        for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+        s3, m3 = ppo_update(init_train_state(fresh(), opt), _rows(), step, cfg=cfg, mesh=mesh,
+                            num_micro=1, pad_id=0, temperature=1.0, epochs=2, num_minibatches=2)
+        assert m3["ppo/updates"] == 4.0 and int(s3.step) == 4

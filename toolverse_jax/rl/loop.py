@@ -218,18 +218,20 @@ class MetricsLog:
 
 
 _STATUSES = ("ok", "tool_error", "invalid_call", "timeout", "server_crashed", "truncated")
+_STAT_COLS = 8  # present, success, reward, turns, answered, infra_failed, policy tokens, truncated
 
 
 def trajectory_stats(trajs) -> np.ndarray:
-    """Returns per-trajectory summary numbers [n, 7 + len(_STATUSES)] (present, success,
-    reward, turns, answered, infra_failed, policy tokens, call-status counts): the form that
-    processes all-gather so metrics are computed over the global batch."""
-    out = np.zeros((len(trajs), 7 + len(_STATUSES)), np.float64)
+    """Returns per-trajectory summary numbers [n, 8 + len(_STATUSES)] (present, success,
+    reward, turns, answered, infra_failed, policy tokens, ended by max_new_tokens, call-status
+    counts): the form that processes all-gather so metrics are computed over the global batch."""
+    out = np.zeros((len(trajs), _STAT_COLS + len(_STATUSES)), np.float64)
     for i, t in enumerate(trajs):
         statuses = [s for turn in t.turn_statuses for s in turn]
-        out[i, :7] = (1.0, t.success, t.reward, t.num_turns, t.finished, t.infra_failed,
-                      sum(t.policy_mask))
-        out[i, 7:] = [statuses.count(s) for s in _STATUSES]
+        out[i, :_STAT_COLS] = (1.0, t.success, t.reward, t.num_turns, t.finished,
+                               t.infra_failed, sum(t.policy_mask),
+                               bool(t.turns) and t.turns[-1].kind == "truncated")
+        out[i, _STAT_COLS:] = [statuses.count(s) for s in _STATUSES]
     return out
 
 
@@ -246,17 +248,60 @@ def metrics_from_stats(stats: np.ndarray, prefix: str) -> dict[str, float]:
         f"{prefix}/answered": mean(4, stats),
         f"{prefix}/infra_failed": float(np.sum(stats[:, 5])),
         f"{prefix}/policy_tokens": mean(6, stats),
+        f"{prefix}/truncated_frac": mean(7, stats),
     }
-    counts = stats[:, 7:].sum(0)
+    counts = stats[:, _STAT_COLS:].sum(0)
     n_calls = max(float(counts.sum()), 1.0)
     for j, status in enumerate(_STATUSES):
         out[f"{prefix}/rate_{status}"] = float(counts[j]) / n_calls
     return out
 
 
+def advantage_stats(trajs, rows: list[dict]) -> np.ndarray:
+    """Returns per-trajectory advantage numbers [n, 5] (present, group id, sum and sum of
+    squares of its policy tokens' advantages, policy tokens) for `advantage_metrics`; `rows`
+    are `trajectory_rows(trajs, ...)` (infrastructure failures have no row and count 0)."""
+    out = np.zeros((len(trajs), 5), np.float64)
+    it = iter(rows)
+    for i, t in enumerate(trajs):
+        # Group ids restart at 0 on every process: tell the processes' groups apart.
+        out[i, :2] = (1.0, t.group_id + 1_000_000 * jax.process_index())
+        if t.infra_failed:
+            continue
+        r = next(it)
+        a = np.asarray(r["advantages"], np.float64)[np.asarray(r["policy_mask"], bool)]
+        out[i, 2:] = (a.sum(), (a * a).sum(), a.size)
+    return out
+
+
+def advantage_metrics(stats: np.ndarray) -> dict[str, float]:
+    """Returns adv/mean, adv/std over policy tokens and adv/zero_group_frac (the fraction of
+    groups whose every policy token has advantage 0: groups that teach nothing this step)."""
+    stats = stats[stats[:, 0] > 0]
+    n = max(float(stats[:, 4].sum()), 1.0)
+    mean = float(stats[:, 2].sum()) / n
+    var = max(float(stats[:, 3].sum()) / n - mean * mean, 0.0)
+    groups = np.unique(stats[:, 1])
+    zero = [np.all(stats[stats[:, 1] == g, 3] <= 1e-12) for g in groups]
+    return {"adv/mean": mean, "adv/std": float(np.sqrt(var)),
+            "adv/zero_group_frac": float(np.mean(zero)) if len(zero) else 1.0}
+
+
 def rollout_metrics(trajs, prefix: str) -> dict[str, float]:
     """Returns summary scalars of a batch of trajectories (all processes' when multi-host)."""
     return metrics_from_stats(gather_rows(trajectory_stats(trajs)), prefix)
+
+
+SMOOTH_WINDOW = 10
+
+
+def smooth(values, window: int = SMOOTH_WINDOW) -> np.ndarray:
+    """Returns the trailing mean over up to `window` values at each position."""
+    v = np.asarray(values, np.float64)
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    idx = np.arange(1, len(v) + 1)
+    lo = np.maximum(idx - window, 0)
+    return (c[idx] - c[lo]) / (idx - lo)
 
 
 def plot_curve(records: list[dict], path: str) -> None:
@@ -274,7 +319,11 @@ def plot_curve(records: list[dict], path: str) -> None:
     if ev:
         ax.plot(*zip(*ev), "o-", label="held-out success (greedy)")
     if tr:
-        ax.plot(*zip(*tr), ".-", alpha=0.6, label="train rollout success (sampled)")
+        steps, vals = zip(*tr)
+        ax.plot(steps, vals, ".", alpha=0.3, color="tab:orange",
+                label="train rollout success (sampled)")
+        ax.plot(steps, smooth(vals), "-", color="tab:orange",
+                label=f"train rollout success ({SMOOTH_WINDOW}-step mean)")
     sft_end = [r["step"] for r in records if r.get("phase") == "sft"]
     if sft_end:
         ax.axvline(max(sft_end) + 0.5, color="gray", ls="--", lw=1, label="SFT -> RL")
@@ -294,6 +343,46 @@ def _task_batch(ds, start: int, n: int) -> list[Task]:
 def _empty_row(pad_id: int) -> dict:
     return {"tokens": [pad_id, pad_id], "policy_mask": [False, False],
             "advantages": np.zeros(2, np.float32), "sample_logprobs": np.zeros(2, np.float32)}
+
+
+def ppo_update(state, rows: list[dict], step_fn, *, cfg: ModelConfig, mesh, num_micro: int,
+               pad_id: int, temperature: float, ref_params=None, epochs: int = 1,
+               num_minibatches: int = 1, rng: np.random.Generator | None = None):
+    """Returns (state, metrics) after `epochs` passes over `rows` in `num_minibatches` shuffled
+    minibatches (PPO's reuse of one rollout batch). π_old (and the reference, when given) score
+    every minibatch once, before the first update, so the clip ratio of later passes is taken
+    against the policy that sampled. Metrics are the mean over updates; timings are summed."""
+    rng = rng or np.random.default_rng(0)
+    # Multi-host: every process splits its own rows; a process with none (all its episodes
+    # failed) contributes one loss-free row per minibatch.
+    order = rng.permutation(len(rows))
+    parts = [[rows[j] for j in order[k::num_minibatches]] for k in range(num_minibatches)]
+    t1 = time.time()
+    batches = []
+    for part in parts:
+        batch = distributed.global_batch(part or [_empty_row(pad_id)], pad_id, mesh, num_micro)
+        old_lp, _ = score_jit(state.params, batch, cfg=cfg, temperature=temperature)
+        ref_lp = old_lp if ref_params is None else score_jit(
+            ref_params, batch, cfg=cfg, temperature=temperature)[0]
+        batches.append(batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp))
+    jax.block_until_ready(batches)
+    t2 = time.time()
+    sums: dict[str, float] = {}
+    updates = 0
+    for _ in range(max(int(epochs), 1)):
+        for k in rng.permutation(len(batches)):
+            state, m = step_fn(state, batches[k])
+            for name, v in jax.device_get(m).items():
+                v = float(v)
+                sums[name] = (max(sums.get(name, v), v) if name.endswith("_max")
+                              else sums.get(name, 0.0) + v)
+            updates += 1
+    out = {k: v if k.endswith("_max") else v / updates for k, v in sums.items()}
+    if ref_params is None:
+        out.pop("kl", None)  # would be KL to the pre-update policy, not to the reference
+    out.update({"time/scoring_s": t2 - t1, "time/update_s": time.time() - t2,
+                "ppo/updates": float(updates)})
+    return state, out
 
 
 def run_training(config: ConfigDict, workdir: str) -> dict:
@@ -446,33 +535,19 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                                                   readiness)
                     rows = trajectory_rows(trajs, turn_adv)
                     metrics = rollout_metrics(trajs, "rollout")
+                    metrics.update(advantage_metrics(gather_rows(advantage_stats(trajs, rows))))
                     metrics["phase"] = "rl"
                     if readiness is not None:
                         metrics.update(readiness_metrics(readiness,
                                                          [t.num_call_turns for t in trajs]))
                     if distributed.global_any(bool(rows)):
-                        t1 = time.time()
-                        # A process whose episodes all failed contributes one loss-free row.
-                        batch = distributed.global_batch(
-                            rows or [_empty_row(tokenizer.pad_id)], tokenizer.pad_id, mesh,
-                            num_micro)
-                        old_lp, _ = score_jit(state.params, batch, cfg=cfg,
-                                              temperature=config.rollout.temperature)
-                        if needs_ref:
-                            ref_lp, _ = score_jit(ref_params, batch, cfg=cfg,
-                                                  temperature=config.rollout.temperature)
-                        else:
-                            ref_lp = old_lp  # kl_coef == 0: no reference forward pass
-                        batch = batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp)
-                        jax.block_until_ready(batch)
-                        t2 = time.time()
-                        state, m = rl_step_fn(state, batch)
-                        m = jax.device_get(m)
-                        if not needs_ref:
-                            m.pop("kl", None)  # would be KL to the pre-update policy, not ref
-                        metrics.update({k: float(v) for k, v in m.items()})
-                        metrics["time/scoring_s"] = t2 - t1
-                        metrics["time/update_s"] = time.time() - t2
+                        state, m = ppo_update(
+                            state, rows, rl_step_fn, cfg=cfg, mesh=mesh, num_micro=num_micro,
+                            pad_id=tokenizer.pad_id, temperature=config.rollout.temperature,
+                            ref_params=ref_params if needs_ref else None,
+                            epochs=config.rl.ppo_epochs, num_minibatches=config.rl.num_minibatches,
+                            rng=np.random.default_rng([config.seed, step]))
+                        metrics.update(m)
                     sampled = float(np.sum(gather_rows(np.asarray(
                         [sum(t.policy_mask) for t in trajs], np.float64))))
                     metrics["time/rollout_s"] = t_roll
