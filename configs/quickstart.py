@@ -81,6 +81,10 @@ def get_config() -> ConfigDict:
     c.rl.max_grad_norm = 1.0
 
     c.train = ConfigDict()
+    # A run DIR whose SFT phase (same model, tasks, sft.steps, seed) this run starts from:
+    # its checkpoint at the SFT end, tokenizer and task cache are copied, so RL arms of a sweep
+    # share one warm start. "" = train the SFT phase here.
+    c.train.warm_start = ""
     c.train.num_micro = 1           # gradient accumulation micro-batches per step
     c.train.eval_every = 10         # RL steps between held-out evals (0 = never)
     c.train.sft_eval_every = 0      # SFT steps between held-out evals (0 = only at SFT's end)

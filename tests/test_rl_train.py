@@ -235,3 +235,16 @@ def test_ppo_update_one_pass_equals_a_plain_step_and_counts_epochs():
         s3, m3 = ppo_update(init_train_state(fresh(), opt), _rows(), step, cfg=cfg, mesh=mesh,
                             num_micro=1, pad_id=0, temperature=1.0, epochs=2, num_minibatches=2)
         assert m3["ppo/updates"] == 4.0 and int(s3.step) == 4
+
+
+def test_warm_start_copies_the_sft_phase_and_matches_the_full_run(full_run, tmp_path):
+    from toolverse_jax.rl.loop import run_training
+    sft = str(tmp_path / "sft")
+    run_training(_config(**{"rl.steps": 0}), sft)
+    wd = str(tmp_path / "rl")
+    run_training(_config(**{"rl.steps": 1, "train.warm_start": sft}), wd)
+    a, b = _losses(full_run), _losses(wd)
+    assert sorted(b) == [1, 2, 3] and a[3] == b[3]   # the RL step is the full run's
+    assert os.path.isdir(os.path.join(wd, "tokenizer"))
+    with pytest.raises(FileNotFoundError, match="no checkpoint at the SFT end"):
+        run_training(_config(**{"sft.steps": 5, "train.warm_start": sft}), str(tmp_path / "x"))

@@ -385,6 +385,38 @@ def ppo_update(state, rows: list[dict], step_fn, *, cfg: ModelConfig, mesh, num_
     return state, out
 
 
+def seed_from_warm_start(src: str, workdir: str, sft_steps: int) -> bool:
+    """Copies a finished SFT phase of run `src` into a fresh `workdir`; returns True if copied.
+
+    Copied: the checkpoint at step `sft_steps`, the trained tokenizer, the task cache and the
+    metrics up to that step, so the run resumes into its RL phase (the checkpoint's model
+    config, sft_steps and seed are still checked against this run's). A workdir that already
+    has a checkpoint is left alone (that run resumes itself)."""
+    import shutil
+    own = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(own) and any(n.isdigit() for n in os.listdir(own)):
+        return False
+    ckpt = os.path.join(src, "checkpoints", str(sft_steps))
+    if not os.path.isdir(ckpt):
+        have = sorted(os.listdir(os.path.join(src, "checkpoints"))) if os.path.isdir(
+            os.path.join(src, "checkpoints")) else []
+        raise FileNotFoundError(
+            f"config.train.warm_start={src!r} has no checkpoint at the SFT end (step "
+            f"{sft_steps}; it has {have}); run its SFT phase with the same config.sft.steps")
+    shutil.copytree(ckpt, os.path.join(workdir, "checkpoints", str(sft_steps)))
+    for name in ("tokenizer", "tasks"):
+        if os.path.isdir(os.path.join(src, name)) and not os.path.exists(
+                os.path.join(workdir, name)):
+            shutil.copytree(os.path.join(src, name), os.path.join(workdir, name))
+    metrics = os.path.join(src, "metrics.jsonl")
+    if os.path.exists(metrics):
+        with open(metrics) as f, open(os.path.join(workdir, "metrics.jsonl"), "w") as out:
+            out.writelines(line for line in f if line.strip() and
+                           json.loads(line).get("step", 0) <= sft_steps)
+    print(f"warm start: copied SFT step {sft_steps} of {src}", flush=True)
+    return True
+
+
 def run_training(config: ConfigDict, workdir: str) -> dict:
     """Runs (or resumes) the configured training; returns the final summary dict.
 
@@ -396,6 +428,8 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
     pid = jax.process_index()
     lead = pid == 0
     os.makedirs(workdir, exist_ok=True)
+    if lead and config.train.get("warm_start"):
+        seed_from_warm_start(config.train.warm_start, workdir, config.sft.steps)
     if not lead:
         barrier("tasks")  # process 0 generates the task cache and trains the tokenizer first
     tasks = load_tasks(config, workdir)
