@@ -66,6 +66,7 @@ def get_config() -> ConfigDict:
     c.rl.adv = ConfigDict({"lam": 0.5, "gamma": 0.5, "eps": 1e-6})
     c.rl.ok_call_bonus = 0.0        # dense shaping: + bonus x fraction of calls that executed ok
     c.rl.gold_turn_bonus = 0.5      # + bonus x fraction of turns matching the gold stage
+    c.rl.arg_match_bonus = 0.0      # + bonus x fraction of gold argument values reproduced
     c.rl.loss = "ppo_clip"
     c.rl.clip_eps_low = 0.2
     c.rl.clip_eps_high = 0.28

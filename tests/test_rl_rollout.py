@@ -212,3 +212,23 @@ def test_quickstart_filter_drops_unanswerable_and_long_literal_tasks():
     c.tasks.max_literal_chars = 0
     c.rollout.max_observation_chars = 1000
     assert _filter_tasks([hidden, long_arg], c) == [hidden, long_arg]
+
+
+def test_arg_overlap_gives_partial_credit_per_value_and_bonus():
+    from types import SimpleNamespace as S
+    from toolverse_jax.rl.rollout import Trajectory, Turn, arg_overlap, shaped_reward
+    gold = [S(name="set_priority", arguments={"priority": "urgent", "ticket_id": "tk_0003"}),
+            S(name="list_tickets", arguments={})]
+    call = lambda n, **a: {"name": n, "arguments": a}
+    assert arg_overlap(gold, [call("set_priority", priority="urgent", ticket_id="tk_0003"),
+                              call("list_tickets")]) == 1.0
+    assert arg_overlap(gold, [call("set_priority", priority="urgent", ticket_id="tk_0004"),
+                              call("list_tickets")]) == pytest.approx(2 / 3)
+    # The best of two same-name calls is paired; a wrong tool name earns nothing.
+    assert arg_overlap(gold, [call("set_priority", ticket_id="tk_0003"),
+                              call("set_priority", priority="urgent", ticket_id="tk_0003")]) == \
+        pytest.approx(2 / 3)
+    assert arg_overlap(gold, [call("get_ticket", ticket_id="tk_0003")]) == 0.0
+    assert arg_overlap([], [call("x")]) == 0.0
+    t = Trajectory("t", 0, [], [], [], [], 0, turns=[Turn("calls", arg_match=0.5), Turn("answer")])
+    assert shaped_reward(t, RolloutConfig(arg_match_bonus=0.4)) == pytest.approx(0.2)

@@ -167,7 +167,8 @@ def _rollout_config(config: ConfigDict) -> RolloutConfig:
                          num_distractors=r.num_distractors,
                          max_observation_chars=r.max_observation_chars,
                          ok_call_bonus=config.rl.get("ok_call_bonus", 0.0),
-                         gold_turn_bonus=config.rl.get("gold_turn_bonus", 0.0))
+                         gold_turn_bonus=config.rl.get("gold_turn_bonus", 0.0),
+                         arg_match_bonus=config.rl.get("arg_match_bonus", 0.0))
 
 
 def _loss_config(config: ConfigDict, name: str) -> LossConfig:

@@ -56,9 +56,13 @@ class RolloutConfig:
     system_prompt: str = DEFAULT_SYSTEM
     max_observation_chars: int = 600  # long tool outputs are cut (and say so) to bound context
     # Outcome reward = success (0/1) + ok_call_bonus * (fraction of calls that executed ok)
-    # + gold_turn_bonus * (fraction of gold stages matched turn by turn). Both 0 = pure outcome.
+    # + gold_turn_bonus * (fraction of gold stages matched turn by turn)
+    # + arg_match_bonus * (mean over turns of the fraction of gold argument values matched):
+    # partial credit per literal, so a call with two of three values right beats one with one.
+    # All 0 = pure outcome.
     ok_call_bonus: float = 0.0
     gold_turn_bonus: float = 0.0
+    arg_match_bonus: float = 0.0
 
 
 TURN_KINDS = ("calls", "answer", "truncated")
@@ -74,6 +78,8 @@ class Turn:
     rollout's outcome advantage plus the estimator's turn-level terms.
     gold_match: TARA's r_{i,t}, 1.0 when the calls cover turn t's gold stage (for the answer
     turn the batching layer uses the rollout's outcome reward instead).
+    arg_match: the fraction of the gold stage's (call, argument) values the calls reproduce
+    (`arg_overlap`), the partial credit behind RolloutConfig.arg_match_bonus.
     state_key: 31-bit hash of the environment state the turn acted from (the set of calls
     executed before this turn with their observations; DESIGN §5's GiGPO anchor state).
     Rollouts of one group start from the same seeded state, so equal keys mean equal states.
@@ -84,6 +90,7 @@ class Turn:
     statuses: list[str] = dataclasses.field(default_factory=list)
     gold_match: float = 0.0
     state_key: int = 0
+    arg_match: float = 0.0
 
     def __post_init__(self):
         if self.kind not in TURN_KINDS:
@@ -161,6 +168,8 @@ def shaped_reward(tr: "Trajectory", cfg: RolloutConfig) -> float:
     tool_turns = tr.tool_turns  # a truncated turn counts as one that missed its stage
     if cfg.gold_turn_bonus and tool_turns:
         reward += cfg.gold_turn_bonus * sum(t.gold_match for t in tool_turns) / len(tool_turns)
+    if cfg.arg_match_bonus and tool_turns:
+        reward += cfg.arg_match_bonus * sum(t.arg_match for t in tool_turns) / len(tool_turns)
     return reward
 
 
@@ -177,11 +186,39 @@ def _calls_cover(gold: Sequence[Any], calls: Sequence[dict]) -> bool:
     return True
 
 
+def arg_overlap(gold: Sequence[Any], calls: Sequence[dict]) -> float:
+    """Returns the fraction of gold (call, argument) values reproduced by `calls`, in [0, 1].
+
+    Each gold call is paired with the unused call of the same name that matches most of its
+    argument values; a gold call without arguments counts as one value (its name). No gold
+    calls: 0."""
+    remaining = list(calls)
+    hit = total = 0
+    for step in gold:
+        want = step.arguments
+        total += max(len(want), 1)
+        best, best_j = -1, None
+        for j, c in enumerate(remaining):
+            if c["name"] != step.name or not isinstance(c.get("arguments"), dict):
+                continue
+            got = c["arguments"]
+            n = sum(k in got and _value_equal(want[k], got[k]) for k in want) if want else 1
+            if n > best:
+                best, best_j = n, j
+        if best_j is not None:
+            remaining.pop(best_j)
+            hit += best
+    return hit / total if total else 0.0
+
+
+def _value_equal(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or values_equal(a, b)
+
+
 def _args_equal(gold: dict, got: dict) -> bool:
     if set(gold) != set(got):
         return False
-    return all(json.dumps(gold[k], sort_keys=True) == json.dumps(got[k], sort_keys=True)
-               or values_equal(gold[k], got[k]) for k in gold)
+    return all(_value_equal(gold[k], got[k]) for k in gold)
 
 
 def prompt_tool_specs(task: Task, episode_tools: list[dict], cfg: RolloutConfig,
@@ -284,7 +321,7 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                 skey = state_key(executed[i])
                 if not bool(out.stopped[row]):
                     tr.end_reason = "max_new_tokens"
-                    tr.turns.append(Turn("truncated", calls, ["truncated"], 0.0, skey))
+                    tr.turns.append(Turn("truncated", calls, ["truncated"], 0.0, skey, 0.0))
                     continue
                 if not calls and not parsed.errors:
                     tr.final_answer = parsed.final_answer if parsed.final_answer is not None \
@@ -294,7 +331,8 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                     continue
                 stage = task.stages[turn] if turn < len(task.stages) else []
                 tr.turns.append(Turn("calls", calls, ["invalid_call"] * len(parsed.errors),
-                                     float(bool(stage) and _calls_cover(stage, calls)), skey))
+                                     float(bool(stage) and _calls_cover(stage, calls)), skey,
+                                     arg_overlap(stage, calls)))
                 responses = [f"invalid tool call: {e}" for e in parsed.errors]
                 for c in calls:
                     calls_batch.append((episodes[i], c["name"], c["arguments"]))
