@@ -28,6 +28,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--module", default="experiments.train", help="entry point of a unit")
     p.add_argument("--columns", default=",".join(DEFAULT_COLUMNS),
                    help="final-metric keys shown in the summary table")
+    p.add_argument("--keep_failed", action="store_true",
+                   help="leave units that failed in an earlier launch of --root as they are")
     p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
     args, rest = p.parse_known_args(argv)
     bad = [a for a in rest if not a.startswith("--config.")]
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
     exp = Experiment(root, args.config, executor, extra_flags=extra)
     check_overrides(exp.config, {a[len("--config."):].split("=", 1)[0]: None for a in extra})
     for overrides in sweep:
-        exp.add(overrides)
+        exp.add(overrides, rerun_failed=not args.keep_failed)
     if args.dry_run:
         for wu in exp.work_units():
             print(" ".join(executor.command(args.config, wu, extra)))

@@ -92,11 +92,11 @@ def test_local_executor_concurrency_failure_and_resume(tmp_path):
     env = {"PYTHONPATH": str(tmp_path), "FAKE_EVENTS": str(events)}
     root = tmp_path / "exp"
 
-    def launch():
+    def launch(rerun_failed=True):
         ex = LocalExecutor(max_parallel=2, module="fake_train", env=env, poll_s=0.05)
         with Experiment(str(root), str(tmp_path / "fake_config.py"), ex) as exp:
             for o in [{"x": 1.0}, {"x": 2.0}, {"x": 3.0, "fail": True}, {"x": 4.0}]:
-                exp.add(o)
+                exp.add(o, rerun_failed=rerun_failed)
         return exp
 
     exp = launch()
@@ -121,6 +121,12 @@ def test_local_executor_concurrency_failure_and_resume(tmp_path):
     assert open(events).read().count("start") == 1
     assert [u.id for u in exp2.work_units()] == [1, 2, 3, 4]
     assert exp2.work_units()[2].status == "failed" and exp2.work_units()[0].status == "succeeded"
+    # --keep_failed: the failed unit is kept as it was and nothing runs.
+    events.write_text("")
+    exp3 = launch(rerun_failed=False)
+    assert open(events).read().count("start") == 0
+    assert [u.status for u in exp3.work_units()] == ["succeeded", "succeeded", "failed",
+                                                     "succeeded"]
 
 
 def test_quickstart_three_unit_sweep(tmp_path):

@@ -101,7 +101,7 @@ class LocalExecutor:
     def run(self, units: Sequence[WorkUnit], config_path: str, extra_flags: Sequence[str],
             on_change, cwd: str | None = None) -> None:
         """Runs `units` to completion, calling `on_change(unit)` at each status change."""
-        queue = [u for u in units if u.status != SUCCEEDED]
+        queue = [u for u in units if u.status not in (SUCCEEDED, FAILED)]
         running: dict[int, tuple[WorkUnit, subprocess.Popen, Any]] = {}
         env = {**os.environ, **self.env}
         try:
@@ -187,14 +187,18 @@ class Experiment:
             rec = json.load(f)
         return [WorkUnit(**u) for u in rec["work_units"]]
 
-    def add(self, overrides: dict[str, Any]) -> WorkUnit:
+    def add(self, overrides: dict[str, Any], rerun_failed: bool = True) -> WorkUnit:
         """Returns the new work unit for `overrides` (the one already recorded under this root
-        if an earlier launch had the same overrides)."""
+        if an earlier launch had the same overrides). rerun_failed=False keeps a unit whose
+        earlier launch failed as it is (failed, not run again), e.g. an arm stopped by hand."""
         check_overrides(self.config, overrides)
         overrides = dict(overrides)
         if any(u.overrides == overrides for u in self.units):
             raise ValueError(f"work unit overrides {overrides} appear twice in the sweep")
         wu = next((u for u in self._previous if u.overrides == overrides), None)
+        if wu is not None and wu.status == FAILED and not rerun_failed:
+            self.units.append(wu)
+            return wu
         if wu is None or wu.status != SUCCEEDED:
             used = {u.id for u in self.units} | {u.id for u in self._previous}
             wid = wu.id if wu is not None else next(i for i in range(1, len(used) + 2)
