@@ -73,6 +73,7 @@ def get_config() -> ConfigDict:
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0
     c.rl.tis_cap = 2.0
+    c.rl.neg_adv_scale = 1.0        # weight of negative advantages in the PPO loss
     c.rl.aggregation = "token_mean"
     c.rl.ppo_epochs = 1             # passes over each rollout batch
     c.rl.num_minibatches = 1        # updates per pass (rows shuffled into this many minibatches)

@@ -25,6 +25,7 @@ def _numpy_ppo(lp, batch, cfg):
     old = batch.old_logprobs.astype(np.float64)
     ratio = np.exp(lp - old)
     adv = batch.advantages.astype(np.float64)
+    adv = np.where(adv < 0, cfg.neg_adv_scale * adv, adv)
     clipped = np.clip(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
     per = -np.minimum(ratio * adv, clipped * adv)
     w = np.minimum(np.exp(old - batch.sample_logprobs), cfg.tis_cap)
@@ -36,11 +37,12 @@ def _numpy_ppo(lp, batch, cfg):
     return loss + cfg.kl_coef * kl
 
 
-@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
-def test_ppo_clip_value_and_grad_match_numpy(kl_coef):
+@pytest.mark.parametrize("kl_coef,neg_adv_scale", [(0.0, 1.0), (0.05, 1.0), (0.0, 0.25)])
+def test_ppo_clip_value_and_grad_match_numpy(kl_coef, neg_adv_scale):
     rng = np.random.default_rng(0)
     batch = _batch(rng)
-    cfg = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=kl_coef, tis_cap=1.5)
+    cfg = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=kl_coef, tis_cap=1.5,
+                     neg_adv_scale=neg_adv_scale)
     lp = batch.old_logprobs + 0.4 * rng.normal(size=batch.old_logprobs.shape).astype(np.float32)
     fn = get_loss("ppo_clip")
     loss, metrics = fn(jnp.asarray(lp), jnp.zeros_like(lp), batch, cfg)

@@ -175,7 +175,7 @@ def _loss_config(config: ConfigDict, name: str) -> LossConfig:
     r = config.rl
     return LossConfig(name=name, clip_eps_low=r.clip_eps_low, clip_eps_high=r.clip_eps_high,
                       kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, tis_cap=r.tis_cap,
-                      aggregation=r.aggregation,
+                      aggregation=r.aggregation, neg_adv_scale=r.get("neg_adv_scale", 1.0),
                       temperature=config.rollout.temperature if name != "sft" else 1.0)
 
 

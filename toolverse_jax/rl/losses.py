@@ -73,6 +73,9 @@ def ppo_clip(logprobs, entropy, batch: TrainBatch, cfg: Any):
     log_ratio = logprobs - batch.old_logprobs
     ratio = jnp.exp(log_ratio)
     adv = batch.advantages
+    neg_scale = getattr(cfg, "neg_adv_scale", 1.0)
+    if neg_scale != 1.0:
+        adv = jnp.where(adv < 0, neg_scale * adv, adv)
     clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
     per_token = -jnp.minimum(ratio * adv, clipped * adv)
     # Truncated importance sampling: the trainer's old log-probs and the sampler's differ

@@ -38,6 +38,10 @@ class LossConfig(NamedTuple):
     tis_cap: float = 2.0
     aggregation: str = "token_mean"
     temperature: float = 1.0
+    # Weight of negative advantages (1.0 = plain PPO). Below 1 a failed rollout's tokens are
+    # pushed down less than a successful one's are pushed up: the tokens it shares with the
+    # successes (call syntax, tool name) then drift less, the part that differs still moves.
+    neg_adv_scale: float = 1.0
 
 
 def make_optimizer(lr: float, warmup_steps: int, total_steps: int, weight_decay: float = 0.0,
