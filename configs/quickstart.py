@@ -34,6 +34,9 @@ def get_config() -> ConfigDict:
     c.tasks.split_by = "task"       # "task" | "toolset" | "server"
     c.tasks.eval_fraction = 0.15
     c.tasks.gen_seed = 0
+    # Fraction of the train split whose gold chains are SFT demonstrations; the rest are the RL
+    # tasks (unseen by the warm start, like the held-out ones). 1.0 = both phases use it all.
+    c.tasks.sft_fraction = 1.0
     c.tasks.max_literal_chars = 24  # > 0: keep tasks whose gold literals are at most this long
 
     c.env = ConfigDict()

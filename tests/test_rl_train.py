@@ -248,3 +248,14 @@ def test_warm_start_copies_the_sft_phase_and_matches_the_full_run(full_run, tmp_
     assert os.path.isdir(os.path.join(wd, "tokenizer"))
     with pytest.raises(FileNotFoundError, match="no checkpoint at the SFT end"):
         run_training(_config(**{"sft.steps": 5, "train.warm_start": sft}), str(tmp_path / "x"))
+
+
+def test_phase_pools_split_sft_and_rl_tasks():
+    from toolverse_jax.rl.loop import phase_pools
+    train = list(range(10))
+    a, b = phase_pools(train, 1.0)
+    assert a is train and b is train
+    a, b = phase_pools(train, 0.3)
+    assert a == [0, 1, 2] and b == list(range(3, 10))
+    with pytest.raises(ValueError, match="sft_fraction"):
+        phase_pools(train, 0.01)

@@ -146,6 +146,20 @@ def _filter_tasks(tasks: list[Task], config: ConfigDict) -> list[Task]:
     return kept
 
 
+def phase_pools(train: list[Task], sft_fraction: float) -> tuple[list[Task], list[Task]]:
+    """Returns (SFT tasks, RL tasks) from the train split. sft_fraction >= 1: both phases use
+    the whole split (the same list); below 1: the first fraction of the (already shuffled)
+    split gives the SFT demonstrations and the rest the RL tasks, so RL trains on tasks the
+    warm start never saw (as the held-out ones are)."""
+    if sft_fraction >= 1.0:
+        return train, train
+    n = int(round(sft_fraction * len(train)))
+    if not 0 < n < len(train):
+        raise ValueError(f"config.tasks.sft_fraction={sft_fraction} leaves an empty SFT or RL "
+                         f"pool of the {len(train)} train tasks; use a value in (0, 1]")
+    return train[:n], train[n:]
+
+
 def run_catalog(config: ConfigDict) -> Catalog:
     """Returns the catalog a training run serves: built-in servers, hidden ones if opted in."""
     return Catalog.default(kinds=("builtin",),
@@ -446,7 +460,10 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
     # Multi-host: each process samples with a local copy of the params on its own device.
     local_mesh = make_mesh((1, 1, 1), jax.local_devices()[:1]) if nproc > 1 else None
     on_local = (lambda: sharding_context(local_mesh)) if nproc > 1 else contextlib.nullcontext
-    train_ds = grain.MapDataset.source(tasks["train"]).shuffle(seed=config.seed).repeat()
+    sft_pool, rl_pool = phase_pools(tasks["train"], config.tasks.get("sft_fraction", 1.0))
+    sft_ds = grain.MapDataset.source(sft_pool).shuffle(seed=config.seed).repeat()
+    rl_ds = sft_ds if rl_pool is sft_pool else grain.MapDataset.source(rl_pool).shuffle(
+        seed=config.seed).repeat()
     eval_tasks = tasks["eval"][:config.train.eval_tasks][pid::nproc]
     rcfg = _rollout_config(config)
     stop_ids = tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"]))
@@ -499,7 +516,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
             # Per-task distractor draws, so a task's demonstration does not depend on which
             # process (or batch position) builds it.
             for i, task in process_slice(list(enumerate(_task_batch(
-                    train_ds, start, config.sft.batch_size)))):
+                    sft_ds, start, config.sft.batch_size)))):
                 rng = np.random.default_rng([config.seed, start + i])
                 key = task.servers
                 if key not in tool_cache:
@@ -543,7 +560,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                         state = init_train_state(state.params, rl_opt)
                     rl_step = step - sft_steps
                     tasks_now = process_slice(_task_batch(
-                        train_ds, rl_step * config.rl.tasks_per_step, config.rl.tasks_per_step))
+                        rl_ds, rl_step * config.rl.tasks_per_step, config.rl.tasks_per_step))
                     policy = SamplerPolicy(local_params(state.params), cfg, sampling)
                     with on_local():
                         key = jax.random.fold_in(jax.random.key(config.seed), step)
