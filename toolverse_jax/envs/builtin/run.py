@@ -7,7 +7,7 @@ import argparse
 import importlib
 
 DOMAINS = ("mail", "calendar", "contacts", "bank", "shop", "travel", "notes", "tickets", "faulty",
-           "search", "memory_bank")
+           "search", "memory_bank", "buttons")
 
 
 def load_domain(name: str):
