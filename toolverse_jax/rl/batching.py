@@ -60,6 +60,14 @@ def compute_advantages(trajs: Sequence[Trajectory], estimator: str, consts: dict
     return np.asarray(fn(advantage_inputs(trajs, num_turns, readiness), consts))
 
 
+def demonstration_row(tokens: Sequence[int], policy_mask: Sequence[bool]) -> dict:
+    """Returns an SFT training row: advantage 1 on every token (the loss masks non-policy
+    ones) and no sampler log-probs (the SFT loss reads none)."""
+    return {"tokens": list(tokens), "policy_mask": list(policy_mask),
+            "advantages": np.ones(len(tokens), np.float32),
+            "sample_logprobs": np.zeros(len(tokens), np.float32)}
+
+
 def trajectory_rows(trajs: Sequence[Trajectory], turn_adv: np.ndarray) -> list[dict]:
     """Returns training rows (tokens, policy_mask, advantages, sample_logprobs) per trajectory;
     infrastructure failures are dropped (they carry no learning signal, only a counted metric)."""

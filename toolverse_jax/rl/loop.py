@@ -23,7 +23,8 @@ from toolverse_jax.envs import Catalog, EnvPool, episode_tools
 from toolverse_jax.models import get_preset, init_params, load_hf_checkpoint, load_tokenizer
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.models.tokenizer import ByteTokenizer, train_bpe_tokenizer
-from toolverse_jax.rl.batching import compute_advantages, trajectory_rows
+from toolverse_jax.rl.batching import (compute_advantages, demonstration_row,
+                                       trajectory_rows)
 from toolverse_jax.rl.checkpoint import RunCheckpointer
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
                                       observation_text, prompt_tool_specs, run_rollouts)
@@ -525,9 +526,7 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                 toks, mask, _ = gold_demonstration(task, tools, tokenizer, rcfg)
                 if len(toks) > rcfg.max_context:
                     continue
-                rows.append({"tokens": toks, "policy_mask": mask,
-                             "advantages": np.ones(len(toks), np.float32),
-                             "sample_logprobs": np.zeros(len(toks), np.float32)})
+                rows.append(demonstration_row(toks, mask))
             if not rows:
                 raise ValueError("no SFT demonstration fits config.rollout.max_context="
                                  f"{rcfg.max_context}; raise it")

@@ -40,7 +40,7 @@ from toolverse_jax.envs.builtin.buttons import COLORS
 from toolverse_jax.models import get_preset, init_params
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.models.tokenizer import ByteTokenizer, train_bpe_tokenizer
-from toolverse_jax.rl.batching import compute_advantages, trajectory_rows
+from toolverse_jax.rl.batching import compute_advantages, demonstration_row, trajectory_rows
 from toolverse_jax.rl.loop import (advantage_metrics, advantage_stats, ppo_update,
                                    rollout_metrics)
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
@@ -231,13 +231,8 @@ def _step_fn(cfg: ModelConfig, loss: LossConfig, lr: float, warmup: int, total: 
 def sft_rows(demos: Sequence[Task], tools: list[dict], tokenizer, rcfg: RolloutConfig
              ) -> list[dict]:
     """Returns SFT rows (advantage 1 on policy tokens) of rendered demonstrations."""
-    rows = []
-    for t in demos:
-        toks, mask, _ = gold_demonstration(t, tools, tokenizer, rcfg)
-        rows.append({"tokens": toks, "policy_mask": mask,
-                     "advantages": np.ones(len(toks), np.float32),
-                     "sample_logprobs": np.zeros(len(toks), np.float32)})
-    return rows
+    return [demonstration_row(*gold_demonstration(t, tools, tokenizer, rcfg)[:2])
+            for t in demos]
 
 
 def warm_start(scfg: SanityConfig, pool: EnvPool) -> WarmStart:
