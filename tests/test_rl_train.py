@@ -135,6 +135,17 @@ def test_inspect_rollouts_on_a_run_split(full_run):
         inspect(_config(), full_run, "eval", n=2, k=2, temperature=0.0)
 
 
+def test_sft_end_checkpoint_outlives_keep_checkpoints(full_run):
+    # 2 SFT + 2 RL steps, checkpoint every step, keep 2: the latest two (3, 4) plus the SFT end
+    # (2), which warm starts and `inspect_rollouts --step 2` read after RL moved on; 1 is gone.
+    steps = sorted(int(d) for d in os.listdir(os.path.join(full_run, "checkpoints"))
+                   if d.isdigit())
+    assert steps == [2, 3, 4]
+    from experiments.inspect_rollouts import inspect
+    summary, _, _ = inspect(_config(), full_run, "eval", n=1, k=1, temperature=1.0, step=2)
+    assert summary["step"] == 2
+
+
 def test_mismatched_and_corrupt_checkpoints_fail_clearly(full_run, tmp_path):
     from toolverse_jax.rl.loop import run_training
     wd = str(tmp_path / "copy")

@@ -25,10 +25,18 @@ class CorruptCheckpointError(RuntimeError):
 class RunCheckpointer:
     """Thin lifetime wrapper over an orbax CheckpointManager rooted at `workdir/checkpoints`."""
 
-    def __init__(self, workdir: str, keep: int = 2):
+    def __init__(self, workdir: str, keep: int = 2, preserve: tuple[int, ...] = ()):
+        """Keeps the latest `keep` steps plus every step in `preserve` (e.g. the SFT end, which
+        warm starts and `experiments.inspect_rollouts --step` read after RL moved on)."""
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
-        self._mngr = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        if preserve:
+            from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+            options = ocp.CheckpointManagerOptions(
+                create=True, preservation_policy=pp.AnyPreservationPolicy(
+                    [pp.LatestN(keep), pp.CustomSteps(list(preserve))]))
+        else:
+            options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        self._mngr = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()

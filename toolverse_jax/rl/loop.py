@@ -482,7 +482,8 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         params0 = shard_params(params0, cfg, mesh)
         state = init_train_state(params0, sft_opt if sft_steps else rl_opt)
         ref_params = None
-        ckpt = RunCheckpointer(workdir, keep=config.train.keep_checkpoints)
+        ckpt = RunCheckpointer(workdir, keep=config.train.keep_checkpoints,
+                               preserve=(sft_steps,) if sft_steps and rl_steps else ())
         expect = {"model_config": dataclasses.asdict(cfg), "sft_steps": sft_steps,
                   "seed": config.seed}
         start = 0
