@@ -1,4 +1,16 @@
-"""Model configuration and presets for the Qwen3 decoder family."""
+"""Model configuration and presets for one decoder with several HF families.
+
+`model_type` names the HF family (config.json `model_type`) whose layout load/save use; the
+architectural switches it implies (q/k norm, q/k/v bias, routed experts) are explicit fields so
+the decoder reads only them:
+
+| model_type | q/k RMSNorm | q/k/v bias | MLP                  | e.g.                          |
+| ---------- | ----------- | ---------- | -------------------- | ----------------------------- |
+| qwen3      | yes         | no         | dense SwiGLU         | Qwen3-0.6B … 8B               |
+| qwen2      | no          | yes        | dense SwiGLU         | Qwen2.5-0.5B … 7B             |
+| llama      | no          | no         | dense SwiGLU         | SmolLM2, Llama 3 (llama3 rope)|
+| qwen3_moe  | yes         | no         | top-k routed experts | Qwen3-30B-A3B                 |
+"""
 
 from __future__ import annotations
 
@@ -8,11 +20,13 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+MODEL_TYPES = ("qwen3", "qwen2", "llama", "qwen3_moe")
+ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a Qwen3-style decoder (names follow HF `Qwen3Config` where they map)."""
+    """Hyper-parameters of the decoder (names follow HF `Qwen3Config` where they map)."""
 
     vocab_size: int = 320
     d_model: int = 64
@@ -30,11 +44,23 @@ class ModelConfig:
     dtype: str = "float32"
     # Rematerialize each decoder layer in the backward pass (saves activation memory).
     remat: bool = False
-    # Mixture of experts (Qwen3-MoE, e.g. qwen3-30b-a3b). 0 experts = dense. The MoE block is not
-    # implemented yet; configs that ask for it fail at model construction with a clear error.
+    # Mixture of experts (Qwen3-MoE, e.g. qwen3-30b-a3b). 0 experts = dense.
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_mlp_dim: int = 0
+    # Renormalize the top-k routing probabilities to sum to 1 (Qwen3-MoE's norm_topk_prob).
+    norm_topk_prob: bool = True
+    # HF family (see the module docstring) and the switches it implies.
+    model_type: str = "qwen3"
+    qk_norm: bool = True
+    qkv_bias: bool = False
+    # RoPE frequency scaling: "default" (none), "linear" (positions / factor) or "llama3"
+    # (Llama 3.1's wavelength-dependent interpolation; uses the three fields after factor).
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -47,6 +73,16 @@ class ModelConfig:
                     f"ModelConfig.{field}={getattr(self, field)!r}; expected one of {sorted(_DTYPES)}")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"ModelConfig.model_type={self.model_type!r}; expected one of {MODEL_TYPES}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"ModelConfig.rope_type={self.rope_type!r}; expected one of {ROPE_TYPES}")
+        if self.is_moe and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"ModelConfig: num_experts_per_tok={self.num_experts_per_tok} must be in "
+                f"1..num_experts ({self.num_experts})")
 
     @property
     def jnp_dtype(self):
@@ -64,10 +100,15 @@ class ModelConfig:
         return dataclasses.replace(self, **kwargs)
 
     def num_params(self) -> int:
-        """Returns the parameter count implied by the config (dense models)."""
+        """Returns the parameter count implied by the config (all experts counted)."""
         attn = self.d_model * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        norms = 2 * self.d_model + 2 * self.head_dim
-        mlp = 3 * self.d_model * self.mlp_dim
+        if self.qkv_bias:
+            attn += self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
+        norms = 2 * self.d_model + (2 * self.head_dim if self.qk_norm else 0)
+        if self.is_moe:
+            mlp = self.num_experts * (3 * self.d_model * self.moe_mlp_dim + self.d_model)
+        else:
+            mlp = 3 * self.d_model * self.mlp_dim
         emb = self.vocab_size * self.d_model * (1 if self.tie_embeddings else 2)
         return self.num_layers * (attn + norms + mlp) + emb + self.d_model
 
@@ -88,11 +129,10 @@ PRESETS: dict[str, ModelConfig] = {
                             mlp_dim=9728, tie_embeddings=True, **_QWEN3_COMMON),
     "qwen3-8b": ModelConfig(d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8,
                             mlp_dim=12288, tie_embeddings=False, **_QWEN3_COMMON),
-    # MoE: the config is recorded so checkpoints and sweeps can name it; the expert block is the
-    # next piece of model work (see models/qwen3.py: Qwen3Block).
     "qwen3-30b-a3b": ModelConfig(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4,
                                  mlp_dim=6144, tie_embeddings=False, num_experts=128,
-                                 num_experts_per_tok=8, moe_mlp_dim=768, **_QWEN3_COMMON),
+                                 num_experts_per_tok=8, moe_mlp_dim=768, model_type="qwen3_moe",
+                                 **_QWEN3_COMMON),
 }
 
 

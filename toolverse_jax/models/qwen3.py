@@ -1,4 +1,5 @@
-"""Qwen3 dense decoder as a pure-functional flax.linen module with logical axis annotations.
+"""The decoder of every family in config.py (Qwen3, Qwen2.5, Llama/SmolLM2, Qwen3-MoE) as a
+pure-functional flax.linen module with logical axis annotations.
 
 Params are a plain pytree; `apply` is pure. Attention masking is driven by segment ids: tokens
 attend causally to earlier tokens of the same non-zero segment, so one code path serves packed
@@ -12,6 +13,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from toolverse_jax.models.config import ModelConfig
 
@@ -55,11 +57,32 @@ class RMSNorm(nn.Module):
         return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Returns x [batch, length, heads, head_dim] rotated by positions [batch, length] (HF layout)."""
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Returns the float32 RoPE inverse frequencies [head_dim // 2] with cfg's scaling applied."""
+    dim = cfg.head_dim
+    inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / dim)))
+    inv = inv.astype(np.float32)
+    if cfg.rope_type == "linear":
+        inv = inv / np.float32(cfg.rope_factor)
+    elif cfg.rope_type == "llama3":
+        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between
+        # interpolated smoothly (HF `_compute_llama3_parameters`, same float32 arithmetic).
+        factor, old = np.float32(cfg.rope_factor), np.float32(cfg.rope_original_max_len)
+        lo, hi = np.float32(cfg.rope_low_freq_factor), np.float32(cfg.rope_high_freq_factor)
+        wavelen = np.float32(2 * np.pi) / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv
+
+
+def rope(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
+    """Returns x [batch, length, heads, head_dim] rotated by positions [batch, length] (HF layout,
+    rotate-half) with inverse frequencies inv_freq [head_dim // 2]."""
     half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, l, half]
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
     x32 = x.astype(jnp.float32)
@@ -96,10 +119,20 @@ class Attention(nn.Module):
         q = jnp.einsum("bld,dhk->blhk", x, wq.astype(dt))
         k = jnp.einsum("bld,dhk->blhk", x, wk.astype(dt))
         v = jnp.einsum("bld,dhk->blhk", x, wv.astype(dt))
-        q = RMSNorm(cfg.rms_eps, pd, "head_dim", name="q_norm")(q)
-        k = RMSNorm(cfg.rms_eps, pd, "head_dim", name="k_norm")(k)
-        q = rope(q, positions, cfg.rope_theta)
-        k = rope(k, positions, cfg.rope_theta)
+        if cfg.qkv_bias:  # Qwen2: biases on q/k/v only, none on o
+            zeros = nn.initializers.zeros
+            q = q + _param(self, "q_bias", zeros, (cfg.num_heads, cfg.head_dim),
+                           ("heads", "head_dim"), pd).astype(dt)
+            k = k + _param(self, "k_bias", zeros, (cfg.num_kv_heads, cfg.head_dim),
+                           ("kv", "head_dim"), pd).astype(dt)
+            v = v + _param(self, "v_bias", zeros, (cfg.num_kv_heads, cfg.head_dim),
+                           ("kv", "head_dim"), pd).astype(dt)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim before RoPE
+            q = RMSNorm(cfg.rms_eps, pd, "head_dim", name="q_norm")(q)
+            k = RMSNorm(cfg.rms_eps, pd, "head_dim", name="k_norm")(k)
+        inv_freq = rope_inv_freq(cfg)
+        q = rope(q, positions, inv_freq)
+        k = rope(k, positions, inv_freq)
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
         k = nn.with_logical_constraint(k, ("batch", "length", "kv", "head_dim"))
         new_kv = None
@@ -137,6 +170,44 @@ class MLP(nn.Module):
         return h @ wd.astype(dt)
 
 
+class MoE(nn.Module):
+    """Qwen3-MoE sparse block: softmax router, top-k experts per token (renormalized when
+    cfg.norm_topk_prob), each a SwiGLU MLP; the router logits are sown as
+    intermediates/router_logits ([batch, length, experts]) for a load-balancing loss."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+        pd, dt = cfg.jnp_param_dtype, cfg.jnp_dtype
+        e, k, d, m = cfg.num_experts, cfg.num_experts_per_tok, cfg.d_model, cfg.moe_mlp_dim
+        init = nn.initializers.normal(stddev=d ** -0.5)
+        router = _param(self, "router", init, (d, e), ("embed", "expert"), pd)
+        wg = _param(self, "gate_proj", init, (e, d, m), ("expert", "embed", "moe_mlp"), pd)
+        wu = _param(self, "up_proj", init, (e, d, m), ("expert", "embed", "moe_mlp"), pd)
+        wd = _param(self, "down_proj", nn.initializers.normal(stddev=m ** -0.5), (e, m, d),
+                    ("expert", "moe_mlp", "embed"), pd)
+        b, l, _ = x.shape
+        logits = x @ router.astype(dt)  # [b, l, e]
+        self.sow("intermediates", "router_logits", logits)
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        weights, experts = jax.lax.top_k(probs, k)  # [b, l, k]
+        if cfg.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        # Sort the (token, slot) pairs by expert so each expert's rows are contiguous, then one
+        # grouped matmul per projection (jax.lax.ragged_dot): compute is k/e of the dense mix.
+        flat = experts.reshape(-1)  # [n * k]
+        order = jnp.argsort(flat, stable=True)
+        rows = x.reshape(b * l, d)[order // k]  # [n * k, d]
+        sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+        h = (jax.nn.silu(jax.lax.ragged_dot(rows, wg.astype(dt), sizes))
+             * jax.lax.ragged_dot(rows, wu.astype(dt), sizes))
+        y = jax.lax.ragged_dot(h, wd.astype(dt), sizes)  # [n * k, d], sorted order
+        y = jnp.zeros_like(y).at[order].set(y).reshape(b, l, k, d)
+        return jnp.einsum("blkd,blk->bld", y, weights.astype(dt))
+
+
 class Qwen3Block(nn.Module):
     cfg: ModelConfig
 
@@ -147,8 +218,8 @@ class Qwen3Block(nn.Module):
         h, new_kv = Attention(cfg, name="attn")(
             RMSNorm(cfg.rms_eps, pd, name="input_norm")(x), positions, mask, kv_cache, index)
         x = x + h
-        # Qwen3-MoE replaces this MLP with a routed expert block (cfg.num_experts > 0).
-        x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_eps, pd, name="post_attn_norm")(x))
+        mlp = MoE(cfg, name="moe") if cfg.is_moe else MLP(cfg, name="mlp")
+        x = x + mlp(RMSNorm(cfg.rms_eps, pd, name="post_attn_norm")(x))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         return x, new_kv
 
@@ -160,10 +231,6 @@ class Qwen3(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        if cfg.is_moe:
-            raise NotImplementedError(
-                "Qwen3-MoE (num_experts > 0) is not implemented yet: use a dense preset "
-                "(tiny, qwen3-0.6b/1.7b/4b/8b) or add the routed expert block in Qwen3Block")
         pd = cfg.jnp_param_dtype
         self.embedding = self.param(
             "embedding", nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model ** -0.5),
@@ -255,6 +322,18 @@ def logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None) -
     hidden, _ = forward(params, cfg, tokens, positions, segment_ids)
     w = unembedding_matrix(params, cfg)
     return jnp.einsum("bld,dv->blv", hidden.astype(jnp.float32), w.astype(jnp.float32))
+
+
+def router_logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None):
+    """Returns (hidden [batch, length, d_model], router logits [layers, batch, length, experts])
+    of a Qwen3-MoE model (cfg.num_experts > 0), for a load-balancing loss."""
+    if not cfg.is_moe:
+        raise ValueError("router_logits needs a MoE config (num_experts > 0)")
+    (hidden, _), state = Qwen3(cfg).apply({"params": params}, tokens, positions, segment_ids,
+                                          mutable=["intermediates"])
+    inter = state["intermediates"]
+    per_layer = [inter[f"layers_{i}"]["moe"]["router_logits"][0] for i in range(cfg.num_layers)]
+    return hidden, jnp.stack(per_layer)
 
 
 def logprobs_of(params, cfg: ModelConfig, tokens, targets, positions=None, segment_ids=None,
