@@ -25,6 +25,10 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("kv", "tensor"),
     ("head_dim", None),
     ("vocab", "tensor"),
+    # Qwen3-MoE: experts are split over the tensor axis (expert parallelism); each expert's own
+    # hidden dim stays whole on its device.
+    ("expert", "tensor"),
+    ("moe_mlp", None),
 )
 
 
