@@ -162,6 +162,29 @@ def test_mismatched_and_corrupt_checkpoints_fail_clearly(full_run, tmp_path):
         run_training(_config(), wd)
 
 
+def test_checkpoint_written_before_a_config_field_existed_still_restores(tmp_path):
+    # A ModelConfig field added after the checkpoint was written, at its default, must not
+    # orphan the checkpoint; the same field at another value still refuses to resume.
+    import jax.numpy as jnp
+    from toolverse_jax.rl.checkpoint import RunCheckpointer
+    state = {"w": jnp.ones((2,))}
+    ck = RunCheckpointer(str(tmp_path))
+    ck.save(1, state, None, {"model_config": {"d_model": 8}, "global_step": 1, "has_ref": False})
+    ck.close()
+    ck = RunCheckpointer(str(tmp_path))
+    defaults = {"model_config": {"d_model": 64, "new_field": "x"}}
+    _, _, meta = ck.restore(1, state, None, {"model_config": {"d_model": 8, "new_field": "x"}},
+                            defaults=defaults)
+    assert meta["global_step"] == 1
+    with pytest.raises(CheckpointMismatchError, match="model_config"):
+        ck.restore(1, state, None, {"model_config": {"d_model": 8, "new_field": "y"}},
+                   defaults=defaults)
+    with pytest.raises(CheckpointMismatchError, match="model_config"):
+        ck.restore(1, state, None, {"model_config": {"d_model": 9, "new_field": "x"}},
+                   defaults=defaults)
+    ck.close()
+
+
 def _train_cmd(workdir, *extra):
     return [sys.executable, "-m", "experiments.train", "--config", "configs/quickstart.py",
             "--workdir", workdir, *extra]

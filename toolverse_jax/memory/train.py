@@ -123,7 +123,9 @@ def run_memory_training(config: ConfigDict, workdir: str) -> dict:
         if latest is not None:
             if latest > sft_steps or sft_steps == 0:
                 state = init_train_state(state.params, rl_opt)
-            state, ref_params, meta = ckpt.restore(latest, state, params0, expect)
+            state, ref_params, meta = ckpt.restore(
+                latest, state, params0, expect,
+                defaults={"model_config": dataclasses.asdict(type(cfg)())})
             start = meta["global_step"]
             curriculum = Curriculum.from_json(meta["curriculum"], config.curriculum.stages)
             print(f"resumed from {ckpt.directory}/{latest} at step {start}, curriculum stage "

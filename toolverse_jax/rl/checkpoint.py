@@ -49,8 +49,13 @@ class RunCheckpointer:
         self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
         self._mngr.wait_until_finished()
 
-    def restore(self, step: int, state_like: Any, ref_like: Any, expect: dict) -> tuple:
-        """Returns (state, ref_params or None, meta) of `step`; checks `expect` against meta."""
+    def restore(self, step: int, state_like: Any, ref_like: Any, expect: dict,
+                defaults: dict | None = None) -> tuple:
+        """Returns (state, ref_params or None, meta) of `step`; checks `expect` against meta.
+
+        `defaults` {key: {field: default}}: a dict-valued meta entry written before a field
+        existed (a ModelConfig field added later) reads that field as its default, so new
+        fields at their defaults do not orphan older checkpoints."""
         path = os.path.join(self.directory, str(step))
         try:
             meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
@@ -61,6 +66,8 @@ class RunCheckpointer:
                 f"that step directory to resume from an earlier one, or use a new --workdir") from e
         for key, want in expect.items():
             got = meta.get(key)
+            if isinstance(got, dict) and key in (defaults or {}):
+                got = {**{k: v for k, v in defaults[key].items() if k in want}, **got}
             if json.dumps(got, sort_keys=True) != json.dumps(want, sort_keys=True):
                 raise CheckpointMismatchError(
                     f"checkpoint {path} was written with {key}={got!r}, this run has {want!r}; "

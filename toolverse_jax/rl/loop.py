@@ -489,7 +489,9 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         start = 0
         latest = ckpt.latest_step()
         if latest is not None:
-            state, ref_params, meta = ckpt.restore(latest, state, params0, expect)
+            state, ref_params, meta = ckpt.restore(
+                latest, state, params0, expect,
+                defaults={"model_config": dataclasses.asdict(type(cfg)())})
             start = meta["global_step"]
             print(f"resumed from {ckpt.directory}/{latest} at step {start}", flush=True)
         log = MetricsLog(workdir, start if latest is not None else None) if lead else None
