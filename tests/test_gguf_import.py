@@ -181,6 +181,7 @@ def test_smollm2_gguf_matches_transformers():
         ref = model(torch.tensor([ids])).logits.float().numpy()
     ours = np.asarray(logits(params, cfg, jnp.asarray([ids], jnp.int32)))
     err = float(np.max(np.abs(ours - ref)))
+    print(f"SmolLM2 GGUF: max |logit diff| vs transformers {err:.2e} over {len(ids)} tokens")
     assert err <= 1e-3, f"max |logit diff| {err:.2e}"
     with torch.no_grad():
         ref_gen = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
@@ -188,3 +189,16 @@ def test_smollm2_gguf_matches_transformers():
     out = generate(params, cfg, [ids], SamplingParams(max_new_tokens=16), rng=jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(out.tokens)[0, :16], ref_gen)
     assert tok.decode(ref_gen).startswith("The capital of France is Paris.")
+
+
+def test_checkpoint_and_tokenizer_strings_accept_gguf(tiny_gguf):
+    # `--config.model.checkpoint` / `--config.model.tokenizer` go through these two functions.
+    from toolverse_jax.models import load_hf_checkpoint, load_tokenizer
+    path, _, _ = tiny_gguf
+    cfg, params, tok = load_gguf_checkpoint(path)
+    cfg2, params2 = load_hf_checkpoint(path)
+    assert cfg2 == cfg
+    jax.tree.map(np.testing.assert_array_equal, params, params2)
+    assert load_tokenizer(path).encode("is the <|im_end|>") == tok.encode("is the <|im_end|>")
+    with pytest.raises(CheckpointError, match="ships 0 .gguf files"):
+        load_hf_checkpoint("numpy")

