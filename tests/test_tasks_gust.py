@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from toolverse_jax.tasks.gust import (GustSource, generate_gust, make_dataset, read_tasks,
-                                      split_tasks, write_shards)
+from toolverse_jax.tasks.gust import (GustFormatError, GustSource, generate_gust, make_dataset,
+                                      read_tasks, split_tasks, write_shards)
 
 FAKE = "tasks_fake:make_fake_executor"
 HERE = os.path.dirname(__file__)
@@ -113,6 +113,25 @@ def test_write_shards_sizes(generated, tmp_path):
     names = write_shards(tasks[:7], str(tmp_path), shard_size=3)
     assert names == ["gust-00000.jsonl", "gust-00001.jsonl", "gust-00002.jsonl"]
     assert len(GustSource(str(tmp_path))) == 7
+
+
+def test_malformed_line_names_file_and_line(generated, tmp_path):
+    _, tasks, _ = generated
+    write_shards(tasks[:4], str(tmp_path), shard_size=10)
+    shard = tmp_path / "gust-00000.jsonl"
+    lines = shard.read_text().splitlines(keepends=True)
+    # line 4 (after a blank line 2) is cut short: not JSON
+    shard.write_text(lines[0] + "\n" + lines[1] + lines[2][:40] + "\n" + lines[3])
+    with pytest.raises(GustFormatError, match=r"gust-00000\.jsonl:4: malformed GUST line"):
+        read_tasks(str(tmp_path))
+    with pytest.raises(GustFormatError, match=r"gust-00000\.jsonl:4: malformed GUST line"):
+        GustSource(str(tmp_path))[2]
+    # valid JSON that is not a task: the missing field is named too
+    shard.write_text(lines[0] + json.dumps({"id": "x"}) + "\n")
+    with pytest.raises(GustFormatError,
+                       match=r"gust-00000\.jsonl:2: malformed GUST task.*'instruction'"):
+        read_tasks(str(shard))
+    assert issubclass(GustFormatError, ValueError)
 
 
 def test_generate_tasks_cli(tmp_path):

@@ -317,12 +317,43 @@ def shard_paths(path: str) -> list[str]:
     return [path]
 
 
+class GustFormatError(ValueError):
+    """A GUST shard line that is not a task record; the message names the file and line."""
+
+
+def parse_task_line(line: str | bytes, path: str, lineno: int) -> dict:
+    """Returns the task JSON dict of one shard line; raises `GustFormatError` naming
+    `path:lineno` when the line is not a JSON object."""
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise GustFormatError(
+            f"{path}:{lineno}: malformed GUST line (not JSON: {e.msg} at column {e.colno}); "
+            "fix or delete the line, or regenerate the shard") from e
+    if not isinstance(d, dict):
+        raise GustFormatError(f"{path}:{lineno}: malformed GUST line (a JSON "
+                              f"{type(d).__name__}, not a task object)")
+    return d
+
+
+def task_from_line(line: str | bytes, path: str, lineno: int) -> Task:
+    """Returns the `Task` of one shard line; raises `GustFormatError` naming `path:lineno` when
+    the line is not JSON or lacks a task field."""
+    d = parse_task_line(line, path, lineno)
+    try:
+        return Task.from_json(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise GustFormatError(f"{path}:{lineno}: malformed GUST task "
+                              f"({type(e).__name__}: {e}); fields present: {sorted(d)}") from e
+
+
 def read_tasks(path: str) -> list[Task]:
-    """Returns every task of a GUST directory or JSONL file."""
+    """Returns every task of a GUST directory or JSONL file; a malformed line raises
+    `GustFormatError` naming its file and line number."""
     out = []
     for p in shard_paths(path):
         with open(p) as f:
-            out.extend(Task.from_json(json.loads(line)) for line in f if line.strip())
+            out.extend(task_from_line(line, p, n) for n, line in enumerate(f, 1) if line.strip())
     return out
 
 
@@ -336,23 +367,23 @@ class GustSource:
     def __init__(self, path: str | Sequence[str]):
         paths = shard_paths(path) if isinstance(path, str) else list(path)
         self._paths = paths
-        self._index: list[tuple[int, int, int]] = []   # (file, offset, length)
+        self._index: list[tuple[int, int, int, int]] = []   # (file, offset, length, line no.)
         for fi, p in enumerate(paths):
             off = 0
             with open(p, "rb") as f:
-                for line in f:
+                for n, line in enumerate(f, 1):
                     if line.strip():
-                        self._index.append((fi, off, len(line)))
+                        self._index.append((fi, off, len(line), n))
                     off += len(line)
 
     def __len__(self) -> int:
         return len(self._index)
 
     def __getitem__(self, i: int) -> dict:
-        fi, off, n = self._index[i]
+        fi, off, n, lineno = self._index[i]
         with open(self._paths[fi], "rb") as f:
             f.seek(off)
-            return json.loads(f.read(n))
+            return parse_task_line(f.read(n), self._paths[fi], lineno)
 
     def __repr__(self) -> str:
         return f"GustSource({len(self._paths)} shards, {len(self)} tasks)"
