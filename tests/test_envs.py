@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from toolverse_jax.envs import Catalog, EnvPool, EpisodeSpec
-from toolverse_jax.envs.pool import STATUSES, _child_pids
+from toolverse_jax.envs.pool import STATUSES
 from toolverse_jax.envs.synth import SynthState, Simulator, infer_ops, load_manifest
 from toolverse_jax.envs.validate import InvalidCall, check_arguments, confine_path
 

@@ -15,6 +15,8 @@ import os
 import shutil
 import sys
 
+from toolverse_jax.envs.episode import HIDDEN_PREFIX
+
 log = logging.getLogger(__name__)
 
 PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +27,6 @@ KINDS = ("builtin", "synthesized", "third_party", "bfcl")
 # What Catalog.default() returns when no kinds are named: BFCL's backends (envs/bfcl.py) are an
 # evaluation benchmark, kept out of DUSA's training catalog unless asked for by name.
 DEFAULT_KINDS = ("builtin", "synthesized", "third_party")
-HIDDEN_PREFIX = "_tv_"
 
 
 def npm_root() -> str:

@@ -5,7 +5,8 @@ import json
 import os
 import tempfile
 
-from toolverse_jax.envs.catalog import HIDDEN_PREFIX, MANIFEST_DIR, Catalog, ServerEntry
+from toolverse_jax.envs.catalog import MANIFEST_DIR, Catalog, ServerEntry
+from toolverse_jax.envs.episode import HIDDEN_PREFIX
 
 SPEC_KEYS = ("name", "description", "inputSchema", "outputSchema")
 
@@ -20,14 +21,14 @@ def tool_spec(tool) -> dict:
 
 async def list_tools_live(entry: ServerEntry, timeout: float = 60.0) -> list[dict]:
     """Starts `entry` on a fresh sandbox and returns its tool specs (hidden ones dropped)."""
-    from toolverse_jax.envs import pool as pool_lib
     from toolverse_jax.envs import sandbox as sandbox_lib
+    from toolverse_jax.envs.worker import WorkerCore
 
     with tempfile.TemporaryDirectory(prefix=f"harvest_{entry.name}_") as tmp:
         sb = sandbox_lib.make_sandbox(os.path.join(tmp, entry.name), entry.sandbox, 0)
-        core = pool_lib._WorkerCore(Catalog([]), root=os.path.join(tmp, "w"), in_process=False,
-                                    call_timeout_s=timeout, start_timeout_s=timeout, max_arg_bytes=1 << 16)
-        conn = await core._start(entry, entry.name, sb)
+        core = WorkerCore(Catalog([]), root=os.path.join(tmp, "w"), in_process=False,
+                          call_timeout_s=timeout, start_timeout_s=timeout, max_arg_bytes=1 << 16)
+        conn = await core.start_server(entry, entry.name, sb)
         try:
             res = await asyncio.wait_for(conn.client.list_tools(), timeout)
             tools = [tool_spec(t) for t in res.tools]

@@ -19,10 +19,10 @@ from typing import Any, Callable
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from toolverse_jax.envs.episode import EPISODE_META_KEY, HIDDEN_PREFIX  # noqa: F401 - re-exported
+
 log = logging.getLogger(__name__)
 
-EPISODE_META_KEY = "toolverse/episode"
-HIDDEN_PREFIX = "_tv_"
 DEFAULT_EPISODE = "default"
 
 _STATE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tv_state", default=None)
