@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from kernels.chunked import chunked_grads, chunked_stats
 from kernels.pallas_kernel import pallas_grads, pallas_stats
 from kernels.reference import token_logprobs_reference
+from toolverse_jax.registry import Registry
 
 BACKENDS = ("auto", "chunked", "pallas", "pallas_interpret", "reference")
 # CPU: the per-chunk matmul [N, D] x [D, chunk] must stay big for BLAS to be efficient.
@@ -32,13 +33,14 @@ class Impl(NamedTuple):
     grads: Callable
 
 
-IMPLS = {
-    "chunked": Impl(chunked_stats, chunked_grads),
-    "pallas": Impl(functools.partial(pallas_stats, interpret=False, block_n=PALLAS_GPU_BLOCK_N),
-                   functools.partial(pallas_grads, interpret=False, block_n=PALLAS_GPU_BLOCK_N)),
-    "pallas_interpret": Impl(functools.partial(pallas_stats, interpret=True),
-                             functools.partial(pallas_grads, interpret=True)),
-}
+# The streamed backends behind the custom VJP ("reference" materializes the logits instead).
+IMPLS: Registry[Impl] = Registry("token_logprobs implementation")
+IMPLS.register("chunked", Impl(chunked_stats, chunked_grads))
+IMPLS.register("pallas", Impl(
+    functools.partial(pallas_stats, interpret=False, block_n=PALLAS_GPU_BLOCK_N),
+    functools.partial(pallas_grads, interpret=False, block_n=PALLAS_GPU_BLOCK_N)))
+IMPLS.register("pallas_interpret", Impl(functools.partial(pallas_stats, interpret=True),
+                                        functools.partial(pallas_grads, interpret=True)))
 
 
 def finalize(m, s, tc, tl):

@@ -15,30 +15,24 @@ from typing import Callable
 from ml_collections import ConfigDict
 
 from toolverse_jax.eval import report
+from toolverse_jax.registry import Registry
 
 log = logging.getLogger(__name__)
 
-EVALUATIONS: dict[str, Callable[[ConfigDict, str, bool], dict]] = {}
+EVALUATIONS: Registry[Callable[[ConfigDict, str, bool], dict]] = Registry(
+    "benchmark", plural="evaluations", hint="(config.benchmark)")
 # Published BFCL-v3 multi-turn overall accuracy (%), for scale next to ours (ToolVerse paper).
 BFCL_PUBLISHED = {"Qwen3-8B (ToolVerse paper, base)": 28.88, "Qwen3-8B + ToolVerse RL (paper)": 37.50}
 
 
 def register(name: str):
-    """Registers an evaluation function under `name`."""
-    def deco(fn):
-        if name in EVALUATIONS:
-            raise ValueError(f"evaluation {name!r} is registered twice")
-        EVALUATIONS[name] = fn
-        return fn
-    return deco
+    """Returns a decorator registering an evaluation function under `name`."""
+    return EVALUATIONS.register(name)
 
 
 def get(name: str) -> Callable[[ConfigDict, str, bool], dict]:
     """Returns the evaluation registered as `name` or raises listing the known ones."""
-    if name not in EVALUATIONS:
-        raise KeyError(f"unknown benchmark {name!r}; registered evaluations: {sorted(EVALUATIONS)} "
-                       f"(config.benchmark)")
-    return EVALUATIONS[name]
+    return EVALUATIONS.get(name)
 
 
 def _sampler(config: ConfigDict, tokenizer=None):

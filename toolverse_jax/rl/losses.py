@@ -11,6 +11,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from toolverse_jax.registry import Registry
+
 
 class TrainBatch(NamedTuple):
     """Padded, right-aligned training rows. All [B, L]; targets[t] = tokens[t + 1]."""
@@ -26,22 +28,18 @@ class TrainBatch(NamedTuple):
     ref_logprobs: jax.Array    # float32 log-prob under the frozen reference
 
 
-_LOSSES: dict[str, Callable] = {}
+LOSSES: Registry[Callable] = Registry("policy loss", plural="policy losses",
+                                      hint="(config.rl.loss)")
 
 
-def register_loss(name: str):
-    def deco(fn):
-        if name in _LOSSES:
-            raise ValueError(f"policy loss {name!r} is registered twice")
-        _LOSSES[name] = fn
-        return fn
-    return deco
+def register_loss(name: str) -> Callable[[Callable], Callable]:
+    """Returns a decorator registering `fn(logprobs, entropy, batch, cfg) -> (loss, metrics)`."""
+    return LOSSES.register(name)
 
 
 def get_loss(name: str) -> Callable:
-    if name not in _LOSSES:
-        raise KeyError(f"unknown policy loss {name!r}; registered: {sorted(_LOSSES)}")
-    return _LOSSES[name]
+    """Returns the loss registered as `name`; an unknown name raises listing the known ones."""
+    return LOSSES.get(name)
 
 
 def aggregate(x: jax.Array, mask: jax.Array, mode: str = "token_mean") -> jax.Array:

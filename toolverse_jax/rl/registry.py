@@ -11,12 +11,13 @@ missing keys take the DESIGN.md §5 defaults. Adapters are pure and jittable wit
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from toolverse_jax.rl import advantages as adv
+from toolverse_jax.registry import Registry
 from toolverse_jax.rl import trace as trace_lib
 
 Array = jax.Array
@@ -42,32 +43,23 @@ class AdvantageInputs(NamedTuple):
 
 
 AdvantageFn = Callable[[AdvantageInputs, Any], Array]
-_REGISTRY: Dict[str, AdvantageFn] = {}
+ADVANTAGES: Registry[AdvantageFn] = Registry(
+    "advantage", hint="(register one with @register_advantage({name!r}))")
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
     """Returns a decorator registering `fn(batch: AdvantageInputs, cfg) -> [B, T]` as `name`."""
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"advantage {name!r} is already registered "
-                             f"({_REGISTRY[name].__module__}); pick another name")
-        _REGISTRY[name] = fn
-        return fn
-    return deco
+    return ADVANTAGES.register(name)
 
 
 def get_advantage(name: str) -> AdvantageFn:
-    """Returns the adapter registered as `name`."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"advantage {name!r} is not registered; known: {sorted(_REGISTRY)} "
-                       f"(register one with @register_advantage({name!r}))") from None
+    """Returns the adapter registered as `name`; an unknown name raises listing the known ones."""
+    return ADVANTAGES.get(name)
 
 
 def list_advantages() -> list:
     """Returns the registered names, sorted."""
-    return sorted(_REGISTRY)
+    return ADVANTAGES.names()
 
 
 def _get(cfg: Optional[Mapping], key: str, default):

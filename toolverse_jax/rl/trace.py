@@ -18,12 +18,13 @@ a custom attention mask, IGPO-style) and `score_readiness_naive` (one sequence p
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from toolverse_jax.registry import Registry
 from toolverse_jax.rl import advantages as _adv
 
 Array = jax.Array
@@ -326,24 +327,25 @@ def readiness_for_trajectories(ref_params, cfg, trajs, tasks_by_id, tokenizer, n
     (best alias taken), scored after `answer_prefix`. Feed the result to
     `AdvantageInputs.readiness` with turn_mask/answer_mask over the same `num_turns`.
     """
+    SCORERS.get(scorer)  # an unknown name fails here, naming the known ones, before any work
     prefix = tokenizer.encode(answer_prefix, allow_special=False)
     aliases = [[tokenizer.encode(a, allow_special=False) for a in
                 gold_aliases(tasks_by_id[t.task_id])] for t in trajs]
     seq, bnd, ans = readiness_inputs([t.tokens for t in trajs], [t.token_turn for t in trajs],
                                      [t.num_call_turns for t in trajs], aliases, num_turns,
                                      pad_to=pad_to)
-    if scorer not in SCORERS:
-        raise ValueError(f"TRACE scorer {scorer!r} is unknown; use one of {tuple(SCORERS)}")
     out = _score_jit(ref_params, seq, bnd, ans, np.asarray(prefix, np.int32), cfg=cfg,
                      scorer=scorer, backend=backend)
     return np.asarray(out)
 
 
-SCORERS = {"single_pass": score_readiness, "naive": score_readiness_naive}
+SCORERS: Registry[Callable] = Registry("TRACE scorer", hint="(config.trace.scorer)")
+SCORERS.register("single_pass", score_readiness)
+SCORERS.register("naive", score_readiness_naive)
 
 
 # One jit for every RL step: params are an argument (not baked-in constants), so a step whose
 # padded shapes were seen before reuses the compiled scorer.
 @functools.partial(jax.jit, static_argnames=("cfg", "scorer", "backend"))
 def _score_jit(params, seq, bnd, ans, prefix, *, cfg, scorer, backend):
-    return SCORERS[scorer](params, cfg, seq, bnd, ans, prefix, backend=backend)
+    return SCORERS.get(scorer)(params, cfg, seq, bnd, ans, prefix, backend=backend)
