@@ -514,7 +514,7 @@ def section_train_step(a, rec: Recorder, clock: Clock) -> None:
     import jax
     import numpy as np
     import kernels.dispatch as dispatch
-    from benchmarks.train_step import _random_rows, _seconds, train_step_flops
+    from benchmarks.train_step import random_rows, seconds, train_step_flops
     from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
                                           make_train_step, pack_rows)
     from toolverse_jax.sharding import (batch_sharding, init_sharded_params, make_mesh,
@@ -542,14 +542,14 @@ def section_train_step(a, rec: Recorder, clock: Clock) -> None:
     def matmul_setup():
         fn, f = _bf16_matmul(mm_n, mm_inner)
         mm["fn"], mm["flops"] = fn, f
-        t = float(np.median([_seconds(fn) for _ in range(3)]))
+        t = float(np.median([seconds(fn) for _ in range(3)]))
         return {"shape": [mm_n] * 3, "dtype": "bfloat16", "calls_per_sample": mm_inner,
                 "warm_flops_per_s": round(f / t, 1)}
     rec.attempt(d, "matmul_peak", matmul_setup)
 
     def run_step(r: dict):
         mesh = make_mesh((-1, 1, 1))
-        rows = _random_rows(np.random.default_rng(0), batch, length, cfg.vocab_size)
+        rows = random_rows(np.random.default_rng(0), batch, length, cfg.vocab_size)
         b_np = pack_rows(rows, 0, 1)
         if b_np.tokens.shape != (batch, length):
             raise ValueError(f"packed batch {b_np.tokens.shape} != {(batch, length)}")
@@ -587,7 +587,7 @@ def section_train_step(a, rec: Recorder, clock: Clock) -> None:
                 if i >= 5 and clock.left() < 10:
                     break
                 if "fn" in mm:
-                    t_mm.append(_seconds(mm["fn"]))
+                    t_mm.append(seconds(mm["fn"]))
                 t0 = time.perf_counter()
                 state, m = step(state, tb)
                 jax.block_until_ready((state, m))

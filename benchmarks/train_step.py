@@ -34,7 +34,8 @@ def _log(msg: str) -> None:
     print(f"[train_step] {msg}", file=sys.stderr, flush=True)
 
 
-def _seconds(fn: Callable[[], object]) -> float:
+def seconds(fn: Callable[[], object]) -> float:
+    """Returns the wall seconds one call of `fn` takes."""
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -67,10 +68,11 @@ def make_matmul(m: int, k: int, n: int, seed: int = 0) -> tuple[Callable[[], obj
 def matmul_peak(m: int, k: int, n: int, repeats: int = 3) -> float:
     """Returns the measured FLOP/s (median of `repeats`) of a jitted fp32 [m,k]@[k,n]."""
     fn, flops = make_matmul(m, k, n)
-    return flops / float(np.median([_seconds(fn) for _ in range(repeats)]))
+    return flops / float(np.median([seconds(fn) for _ in range(repeats)]))
 
 
-def _random_rows(rng: np.random.Generator, batch: int, length: int, vocab: int) -> list[dict]:
+def random_rows(rng: np.random.Generator, batch: int, length: int, vocab: int) -> list[dict]:
+    """Returns `batch` random RL rows of `length` + 1 tokens (the first eighth is prompt)."""
     rows = []
     for _ in range(batch):
         n = length + 1  # pack_rows shifts by one: length inputs, length targets
@@ -96,7 +98,7 @@ def bench_train_step(a: argparse.Namespace) -> dict:
     opt = make_optimizer(1e-4, 1, 1000)
     state = init_train_state(init_params(cfg, jax.random.key(0)), opt)
     step = make_train_step(cfg, LossConfig(name="ppo_clip"), opt, num_micro=1)
-    batch = pack_rows(_random_rows(np.random.default_rng(0), a.batch, a.length, a.vocab), 0, 1)
+    batch = pack_rows(random_rows(np.random.default_rng(0), a.batch, a.length, a.vocab), 0, 1)
     if batch.tokens.shape != (a.batch, a.length):
         raise ValueError(f"packed batch is {batch.tokens.shape}, expected {(a.batch, a.length)}: "
                          "pick --length as a length bucket (a power of two >= 64)")
@@ -109,7 +111,7 @@ def bench_train_step(a: argparse.Namespace) -> dict:
     mm, mm_flops = make_matmul(a.matmul, a.matmul, a.matmul)
     t_mm, t_step = [], []
     for i in range(a.repeats):
-        t_mm.append(_seconds(mm))
+        t_mm.append(seconds(mm))
         t0 = time.perf_counter()
         state, m = step(state, batch)
         jax.block_until_ready(m)

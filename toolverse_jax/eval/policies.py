@@ -47,35 +47,27 @@ def _orbax_dir(path: str) -> str | None:
 
 
 def load_orbax_params(workdir: str, step: int | None = None) -> tuple[ModelConfig, Any, int]:
-    """Returns (ModelConfig, policy params, step) from a training run's orbax checkpoints."""
-    import orbax.checkpoint as ocp
-
-    from toolverse_jax.rl.trainer import init_train_state, make_optimizer
+    """Returns (ModelConfig, policy params, step) from a training run's orbax checkpoints (the
+    params alone: optimizer moments and reference are not read)."""
+    from toolverse_jax.rl.checkpoint import RunCheckpointer
 
     ckpt_dir = _orbax_dir(workdir)
     if ckpt_dir is None:
         raise FileNotFoundError(f"no orbax checkpoints under {workdir!r} (expected checkpoints/<step>/)")
-    mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir))
+    ckpt = RunCheckpointer(workdir, directory=ckpt_dir)
     try:
-        step = mngr.latest_step() if step is None else step
+        step = ckpt.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint step under {ckpt_dir!r}")
-        meta = dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+        meta = ckpt.read_meta(step)
         if "model_config" not in meta:
             raise ValueError(f"checkpoint {ckpt_dir}/{step} has no model_config in its metadata; "
                              f"it was not written by experiments.train")
         cfg = ModelConfig(**meta["model_config"])
-        # The saved train state is (step, params, AdamW state); every run's optimizer has the
-        # same structure, so an abstract state of a fresh one is the restore target.
-        params_like = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-        state_like = jax.eval_shape(lambda p: init_train_state(p, make_optimizer(1e-3, 1, 2)), params_like)
-        items = {"state": ocp.args.StandardRestore(state_like)}
-        if meta.get("has_ref"):
-            items["ref"] = ocp.args.StandardRestore(params_like)
-        out = mngr.restore(step, args=ocp.args.Composite(**items))
+        params = ckpt.restore_params(step)
     finally:
-        mngr.close()
-    return cfg, out["state"].params, int(step)
+        ckpt.close()
+    return cfg, params, int(step)
 
 
 def load_model(checkpoint: str, preset: str = "tiny", dtype: str = "float32",
