@@ -24,14 +24,11 @@ def inprocess_call_s(reps: int = 2000) -> float:
     for server, tool, args in CALLS:
         d = load_domain(server)
         fn = next(f for f in d.tools if f.__name__ == tool)
-        token = base._STATE.set(d.fresh_state(0))
-        try:
+        with base.episode_state(d.fresh_state(0)):
             t0 = time.perf_counter()
             for _ in range(reps):
                 fn(**args)
             times.append((time.perf_counter() - t0) / reps)
-        finally:
-            base._STATE.reset(token)
     return statistics.median(times)
 
 

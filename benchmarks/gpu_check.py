@@ -182,10 +182,10 @@ def rel_errs(ours, ref) -> list[float]:
 
 def measure(f, args, *, budget_s: float, mem_cap: float, max_repeats: int = 5):
     """Compiles f(*args) ahead of time (compile_s, memory analysis), runs it once, then times
-    it with benchmarks.logprob_gpu_check._time for as many repeats as fit in budget_s.
+    it with benchmarks.logprob_gpu_check.median_time for as many repeats as fit in budget_s.
     Returns (record, outputs or None)."""
     import jax
-    from benchmarks.logprob_gpu_check import _time
+    from benchmarks.logprob_gpu_check import median_time
     r: dict = {}
     t0 = time.perf_counter()
     compiled = jax.jit(f).lower(*args).compile()
@@ -207,7 +207,7 @@ def measure(f, args, *, budget_s: float, mem_cap: float, max_repeats: int = 5):
         r["median_s"], r["repeats"] = round(first, 5), 1
     else:
         reps = max(1, min(max_repeats, int(budget_s / max(first, 1e-6)) - 1))
-        r["median_s"] = round(_time(compiled, *args, repeats=reps), 6)
+        r["median_s"] = round(median_time(compiled, *args, repeats=reps), 6)
         r["repeats"] = reps
     r["process_peak_after"] = _peak()
     return r, out
@@ -298,8 +298,8 @@ def _lp_impl(name: str):
 
 def _fwd_bwd(fn, t):
     import jax
-    from benchmarks.logprob_gpu_check import _loss
-    return jax.grad(_loss(fn, t), (0, 1))
+    from benchmarks.logprob_gpu_check import logprob_loss
+    return jax.grad(logprob_loss(fn, t), (0, 1))
 
 
 def _naive_outputs(h, w, t):
@@ -445,7 +445,7 @@ def _tile_sweep(out: dict, flush, s, clock: Clock, interpret: bool, cap: float) 
         _, _, lse, ez = jax.jit(lambda h, w, t: finalize(*chunked_stats(h, w, t, 1.0, 2048)))(
             h, w, t)
         g_lp = jnp.ones((n,), jnp.float32)
-        g_ent = jnp.full((n,), 0.1, jnp.float32)  # benchmarks.logprob_gpu_check._loss weights
+        g_ent = jnp.full((n,), 0.1, jnp.float32)  # benchmarks.logprob_gpu_check.logprob_loss weights
         res = out[dt] = {}
         for bn, c in tiles:
             if clock.left() < 8:

@@ -20,7 +20,8 @@ import numpy as np
 from kernels import token_logprobs, token_logprobs_reference
 
 
-def _loss(fn, t):
+def logprob_loss(fn, t):
+    """Returns loss(h, w) = sum(lp) + 0.1 * sum(entropy) of log-prob backend `fn` on targets t."""
     def loss(h, w):
         lp, ent = fn(h, w, t)
         return jnp.sum(lp) + 0.1 * jnp.sum(ent)
@@ -32,7 +33,8 @@ def _rel(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-def _time(f, *args, repeats=5):
+def median_time(f, *args, repeats=5):
+    """Returns the median seconds of `f(*args)` over `repeats` calls after one warm-up call."""
     jax.block_until_ready(f(*args))
     ts = []
     for _ in range(repeats):
@@ -49,7 +51,7 @@ def lowering_check(n: int, d: int, v: int) -> dict:
     fn = functools.partial(token_logprobs, backend="pallas")
     out = {}
     for name, f in (("fwd", fn),
-                    ("fwd_bwd", lambda h, w, t: jax.grad(_loss(fn, t), (0, 1))(h, w))):
+                    ("fwd_bwd", lambda h, w, t: jax.grad(logprob_loss(fn, t), (0, 1))(h, w))):
         try:
             text = jax.jit(f).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
             out[name] = {"lowered": True, "triton_calls": text.count("triton")}
@@ -68,16 +70,18 @@ def gpu_check(n: int, d: int, v: int) -> dict:
         t = jax.random.randint(k[2], (n,), 0, v)
         ours = jax.jit(functools.partial(token_logprobs, backend="pallas"))
         ref = jax.jit(token_logprobs_reference)
-        g_ours = jax.jit(jax.grad(_loss(functools.partial(token_logprobs, backend="pallas"), t),
-                                  (0, 1)))
-        g_ref = jax.jit(jax.grad(_loss(token_logprobs_reference, t), (0, 1)))
+        g_ours = jax.jit(jax.grad(logprob_loss(functools.partial(token_logprobs, backend="pallas"),
+                                               t), (0, 1)))
+        g_ref = jax.jit(jax.grad(logprob_loss(token_logprobs_reference, t), (0, 1)))
         o, r = ours(h, w, t), ref(h, w, t)
         go, gr = g_ours(h, w), g_ref(h, w)
         errs = [_rel(o[0], r[0]), _rel(o[1], r[1]), _rel(go[0], gr[0]), _rel(go[1], gr[1])]
         res[jnp.dtype(dtype).name] = {
             "rel_err_lp_ent_dh_dw": errs, "ok": max(errs) <= tol,
-            "time_fwd_s": {"naive": _time(ref, h, w, t), "pallas": _time(ours, h, w, t)},
-            "time_fwd_bwd_s": {"naive": _time(g_ref, h, w), "pallas": _time(g_ours, h, w)}}
+            "time_fwd_s": {"naive": median_time(ref, h, w, t),
+                           "pallas": median_time(ours, h, w, t)},
+            "time_fwd_bwd_s": {"naive": median_time(g_ref, h, w),
+                               "pallas": median_time(g_ours, h, w)}}
     return res
 
 

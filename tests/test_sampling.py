@@ -7,7 +7,7 @@ import pytest
 
 from toolverse_jax.models import get_preset, init_params, logits
 from toolverse_jax.sampling import SamplingParams, bucket_length, generate, pad_prompts
-from toolverse_jax.sampling.sampler import _filter_logits
+from toolverse_jax.sampling.sampler import filter_logits
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +76,10 @@ def test_sampling_is_seeded_and_respects_top_k(model):
 
 def test_filter_top_p_keeps_smallest_prefix():
     lg = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
-    kept = np.isfinite(np.asarray(_filter_logits(lg, 0, 0.7))) & (
-        np.asarray(_filter_logits(lg, 0, 0.7)) > -1e30)
+    kept = np.isfinite(np.asarray(filter_logits(lg, 0, 0.7))) & (
+        np.asarray(filter_logits(lg, 0, 0.7)) > -1e30)
     assert kept.tolist() == [[True, True, False, False]]
-    kept = np.asarray(_filter_logits(lg, 0, 0.4)) > -1e30
+    kept = np.asarray(filter_logits(lg, 0, 0.4)) > -1e30
     assert kept.tolist() == [[True, False, False, False]]
 
 

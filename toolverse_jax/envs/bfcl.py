@@ -307,13 +307,10 @@ def build_server(server: str):
                                      input_schema=t["inputSchema"]) for t in tools]
 
         async def _handle_call_tool(self, ctx, params):
-            episode = str(base._meta_get(ctx.meta, base.EPISODE_META_KEY) or base.DEFAULT_EPISODE)
+            episode = base.episode_of(ctx.meta)
             if params.name.startswith(base.HIDDEN_PREFIX):
-                token = base._EPISODE.set(episode)
-                try:
+                with base.hidden_call(episode):
                     return await super()._handle_call_tool(ctx, params)
-                finally:
-                    base._EPISODE.reset(token)
 
             def reply(text: str, is_error: bool):
                 return CallToolResult(content=[TextContent(type="text", text=text)], is_error=is_error)

@@ -23,8 +23,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, ListToolsResult, TextContent, Tool
 
 from toolverse_jax.envs.builtin import fixtures
-from toolverse_jax.envs.builtin.base import (DEFAULT_EPISODE, EPISODE_META_KEY, HIDDEN_PREFIX, EpisodeStates,
-                                             _meta_get)
+from toolverse_jax.envs.builtin.base import EpisodeStates, episode_of
+from toolverse_jax.envs.episode import HIDDEN_PREFIX
 from toolverse_jax.envs.validate import InvalidCall, check_arguments
 
 VERBS = {
@@ -563,7 +563,7 @@ class SynthServer(MCPServer):
         return None if t is None else t.get("inputSchema")
 
     async def _handle_call_tool(self, ctx, params) -> CallToolResult:
-        episode = str(_meta_get(ctx.meta, EPISODE_META_KEY) or DEFAULT_EPISODE)
+        episode = episode_of(ctx.meta)
         args = params.arguments or {}
         name = params.name
         if name == "_tv_reset":

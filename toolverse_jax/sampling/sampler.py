@@ -64,7 +64,7 @@ def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 256) -> int:
     return -(-n // linear_above) * linear_above
 
 
-def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     """Returns logits [batch, vocab] with tokens outside top-k / nucleus top-p set to -inf."""
     neg = jnp.finfo(logits.dtype).min
     if top_k > 0:
@@ -113,7 +113,7 @@ def _generate_core(params, tokens, seg, rng, *, cfg: ModelConfig, sp: SamplingPa
             tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         else:
             scaled = logits / sp.temperature
-            filtered = _filter_logits(scaled, sp.top_k, sp.top_p)
+            filtered = filter_logits(scaled, sp.top_k, sp.top_p)
             tok = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
         lp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tok[:, None], axis=-1)[:, 0]
         live = ~done

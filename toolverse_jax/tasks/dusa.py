@@ -30,7 +30,7 @@ from toolverse_jax.tasks import graph as tg
 from toolverse_jax.tasks import instructions as ins
 from toolverse_jax.tasks import schema as sch
 from toolverse_jax.tasks.executor import Close, Executor, Reset, State, Step, run_programs
-from toolverse_jax.tasks.task import GoldStep, Task, _episode_spec, check_state
+from toolverse_jax.tasks.task import GoldStep, Task, check_state, episode_spec
 
 
 @dataclasses.dataclass
@@ -242,7 +242,7 @@ def literal_value(p: dict, rng: random.Random) -> Any:
     """Returns an invented value for a parameter the user can state (enum, number, free text),
     or None when the value must exist in the environment (ids, emails, ...)."""
     s, t, key = p["schema"], p["type"], p["key"]
-    enum = next((a["enum"] for a in sch._alts(s) if "enum" in a), None)
+    enum = next((a["enum"] for a in sch.alternatives(s) if "enum" in a), None)
     if enum:
         return rng.choice(enum)
     if t == "boolean":
@@ -633,7 +633,7 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
     rng = random.Random(seed)
     servers = choose_servers(g, allowed, rng, cfg)
     sub = tg.subgraph_for_servers(g, servers)
-    spec = _episode_spec(servers, seed % cfg.episode_seed_mod)
+    spec = episode_spec(servers, seed % cfg.episode_seed_mod)
     H, N = cfg.horizon, cfg.max_per_stage
     min_h = cfg.min_horizon if cfg.min_horizon is not None else H
     ix = ToolIndex.build(sub)

@@ -53,7 +53,7 @@ _LINK_KEYS = {"email", "phone", "city", "amount", "date", "datetime", "quantity"
 def linkable(p: dict) -> bool:
     """Returns whether a parameter is filled by value flow (ids, emails, names, ...) rather than
     stated by the user (free text, enums, flags)."""
-    if p["type"] == "boolean" or any("enum" in a for a in sch._alts(p["schema"])):
+    if p["type"] == "boolean" or any("enum" in a for a in sch.alternatives(p["schema"])):
         return False
     words = sch.split_words(p["name"])
     if p["key"].startswith(("id:", "name:")) or p["key"] in _LINK_KEYS:

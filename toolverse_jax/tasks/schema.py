@@ -161,7 +161,8 @@ def _types(schema: dict) -> set[str]:
     return out - {"null"}
 
 
-def _alts(schema: dict) -> list[dict]:
+def alternatives(schema: dict) -> list[dict]:
+    """Returns the non-null anyOf/oneOf branches of a JSON schema, or [schema] without any."""
     alts = [a for a in schema.get("anyOf", []) + schema.get("oneOf", []) if isinstance(a, dict)
             and a.get("type") != "null"]
     return alts or [schema]
@@ -181,7 +182,7 @@ def schema_fields(schema: dict | None, entity: str) -> list[dict]:
     def walk(s: dict, path: str, ctx: str, depth: int) -> None:
         if depth > 6 or not isinstance(s, dict):
             return
-        for alt in _alts(s):
+        for alt in alternatives(s):
             types = _types(alt)
             if "object" in types or "properties" in alt:
                 for name, sub in (alt.get("properties") or {}).items():
@@ -270,7 +271,7 @@ def input_params(spec: dict) -> list[dict]:
             if item_types and not item_types & {"object", "array"}:
                 # a list of scalars (`to: [email]`) is filled with one upstream value
                 types, is_array, sub = item_types, True, items
-        fmt = next((a.get("format") for a in _alts(sub) if a.get("format")), None)
+        fmt = next((a.get("format") for a in alternatives(sub) if a.get("format")), None)
         key = semantic_key(name, entity, fmt)
         if key.startswith("name:") or name in ("query", "q", "keyword", "search", "term"):
             key = "name:" + entity

@@ -19,7 +19,7 @@ import os
 import random
 from typing import Iterable
 
-from toolverse_jax.tasks.task import GoldStep, Task, _episode_spec, values_equal
+from toolverse_jax.tasks.task import GoldStep, Task, episode_spec, values_equal
 
 SERVER = "search"
 
@@ -65,7 +65,7 @@ def make_question(world: dict, docids: dict, kind: str, person: str) -> dict:
 
 
 def _task(tid: str, instruction: str, answer: str, aliases: list, seed: int, stages, meta):
-    return Task(id=tid, instruction=instruction, spec=_episode_spec((SERVER,), seed),
+    return Task(id=tid, instruction=instruction, spec=episode_spec((SERVER,), seed),
                 stages=stages, answer=answer,
                 verifier={"kind": "exact", "value": answer, "aliases": aliases},
                 meta=dict(meta, aliases=[answer] + [a for a in aliases if a != answer]))

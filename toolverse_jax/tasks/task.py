@@ -12,7 +12,9 @@ from typing import Any
 from toolverse_jax.tasks import schema as sch
 
 
-def _episode_spec(servers, seed):
+def episode_spec(servers, seed):
+    """Returns `envs.EpisodeSpec(servers, seed)`, or a `SpecStandIn` with the same fields where
+    the envs layer cannot be imported (tasks read without MCP installed)."""
     try:
         from toolverse_jax.envs import EpisodeSpec  # noqa: PLC0415
     except ImportError:  # envs layer not importable: a stand-in with the same fields
@@ -179,7 +181,7 @@ class Task:
         return cls(
             id=d["id"],
             instruction=d["instruction"],
-            spec=_episode_spec(d["spec"]["servers"], d["spec"]["seed"]),
+            spec=episode_spec(d["spec"]["servers"], d["spec"]["seed"]),
             stages=[[GoldStep.from_json(s) for s in st] for st in d["stages"]],
             answer=d.get("answer"),
             verifier=d["verifier"],

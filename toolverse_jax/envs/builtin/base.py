@@ -7,6 +7,7 @@ share one server process across episodes). Hidden tools (`_tv_*`, never shown to
 reset, read and drop an episode's state.
 """
 
+import contextlib
 import contextvars
 import copy
 import functools
@@ -19,7 +20,7 @@ from typing import Any, Callable
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from toolverse_jax.envs.episode import EPISODE_META_KEY, HIDDEN_PREFIX  # noqa: F401 - re-exported
+from toolverse_jax.envs.episode import EPISODE_META_KEY, HIDDEN_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,31 @@ def _meta_get(meta: Any, key: str) -> Any:
     return extra.get(key, getattr(meta, key, None))
 
 
+def episode_of(meta: Any) -> str:
+    """Returns the episode id a request's `_meta` names (dict or SDK model), DEFAULT_EPISODE if none."""
+    return str(_meta_get(meta, EPISODE_META_KEY) or DEFAULT_EPISODE)
+
+
+@contextlib.contextmanager
+def episode_state(state: dict):
+    """Makes `state` what `db()` returns inside the block (a tool call of one episode)."""
+    token = _STATE.set(state)
+    try:
+        yield state
+    finally:
+        _STATE.reset(token)
+
+
+@contextlib.contextmanager
+def hidden_call(episode: str):
+    """Makes `episode` what `current_episode()` returns inside the block (a hidden-tool call)."""
+    token = _EPISODE.set(episode)
+    try:
+        yield episode
+    finally:
+        _EPISODE.reset(token)
+
+
 class EpisodeStates:
     """Per-episode state store shared by DomainServer and the synthesizer."""
 
@@ -137,26 +163,20 @@ class DomainServer(MCPServer):
         add_hidden_tools(self, self.episodes, lambda st: _public(st))
 
     async def _handle_call_tool(self, ctx, params):
-        episode = str(_meta_get(ctx.meta, EPISODE_META_KEY) or DEFAULT_EPISODE)
+        episode = episode_of(ctx.meta)
         if params.name.startswith(HIDDEN_PREFIX):
-            token = _EPISODE.set(episode)
-            try:
+            with hidden_call(episode):
                 return await super()._handle_call_tool(ctx, params)
-            finally:
-                _EPISODE.reset(token)
         try:
             state = self.episodes.get(episode)
         except ToolError as e:
             from mcp.types import CallToolResult, TextContent
 
             return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
-        token = _STATE.set(state)
-        try:
+        with episode_state(state):
             if params.name in self._fns:
                 return self._fast_call(params.name, params.arguments or {})
             return await super()._handle_call_tool(ctx, params)
-        finally:
-            _STATE.reset(token)
 
     def _fast_call(self, name: str, arguments: dict):
         """Runs a tool like the SDK's tool manager does, minus the per-call Context and output
