@@ -38,6 +38,7 @@ def get_config() -> ConfigDict:
     c.rl.group_size = 8
     c.rl.advantage = "turn_aware"
     c.rl.gold_turn_bonus = 0.0           # outcome reward; TARA supplies the turn credit
+    c.rl.arg_match_bonus = 0.0
     c.rl.lr = 2e-6
     c.rl.warmup_steps = 5
     c.rl.kl_coef = 0.001

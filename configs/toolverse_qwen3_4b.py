@@ -31,6 +31,7 @@ def scale_up(c: ConfigDict) -> ConfigDict:
     c.rl.lr = 1e-6
     c.rl.warmup_steps = 10
     c.rl.kl_coef = 0.001
+    c.rl.arg_match_bonus = 0.0        # outcome reward (+ the gold-turn bonus)
     c.train.num_micro = 8
     c.train.eval_every = 25
     c.train.checkpoint_every = 25
