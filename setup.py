@@ -65,7 +65,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["toolverse_jax*", "kernels*", "experiments*", "configs*", "benchmarks*"]),
     include_package_data=True,
-    package_data={"toolverse_jax": ["**/*.json", "**/*.jsonl", "**/*.txt"]},
+    package_data={"toolverse_jax": ["**/*.json", "**/*.jsonl", "**/*.jsonl.gz", "**/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )

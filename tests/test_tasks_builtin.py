@@ -186,3 +186,42 @@ def test_generator_processes_leave_no_sandboxes(tmp_path, monkeypatch):
                              progress=False)
     assert len(tasks) == 2
     assert not os.listdir(tmp_path), os.listdir(tmp_path)
+
+
+def _config_want():
+    from configs.quickstart import get_config
+    t = get_config().tasks
+    return {"num_tasks": t.num_tasks, "horizons": list(t.horizons), "seed": t.gen_seed,
+            "servers": list(t.servers)}
+
+
+def test_quickstart_config_task_set_is_shipped(tmp_path):
+    # configs/quickstart.py's task set loads from the package (generating it takes minutes),
+    # and a run's task cache gets the same tasks.
+    from toolverse_jax.tasks.gust import (load_or_generate_quickstart_tasks, read_task_file,
+                                          shipped_quickstart_file)
+    want = _config_want()
+    path = shipped_quickstart_file(want)
+    assert path is not None and path.endswith(".jsonl.gz"), "ship the quickstart config's tasks"
+    shipped = read_task_file(path)
+    assert len(shipped) == want["num_tasks"]
+    got = load_or_generate_quickstart_tasks(str(tmp_path), want["num_tasks"],
+                                            tuple(want["horizons"]), want["seed"],
+                                            tuple(want["servers"]))
+    assert [t.id for t in got] == [t.id for t in shipped]
+    assert shipped_quickstart_file({**want, "seed": want["seed"] + 1}) is None
+
+
+@pytest.mark.slow
+def test_shipped_quickstart_config_tasks_are_what_the_code_generates():
+    from toolverse_jax.tasks.gust import (QUICKSTART_SETTINGS, generate_gust, read_task_file,
+                                          shipped_quickstart_file)
+    want = _config_want()
+    # What load_or_generate_quickstart_tasks runs when nothing matching is shipped (minutes).
+    fresh, _ = generate_gust({**QUICKSTART_SETTINGS, **want, "num_processes": 0,
+                              "attempts_factor": 6.0}, progress=False)
+    assert [t.to_json() for t in fresh] == [
+        t.to_json() for t in read_task_file(shipped_quickstart_file(want))], \
+        "regenerate: python -m experiments.train --config configs/quickstart.py --workdir W " \
+        "--config.rl.steps=0 --config.sft.steps=0, then gzip W/tasks/gust_quickstart.jsonl to " \
+        "toolverse_jax/tasks/data/gust_quickstart_config.jsonl.gz (and copy its .meta.json)"

@@ -487,15 +487,12 @@ def load_or_generate_quickstart_tasks(out_dir: str | None = None, num_tasks: int
             with open(meta) as f:
                 if json.load(f) == want:
                     return read_tasks(path)
-    ship_meta = QUICKSTART_FILE.replace(".jsonl", ".meta.json")
-    if os.path.exists(QUICKSTART_FILE) and os.path.exists(ship_meta) and executor_factory is None:
-        with open(ship_meta) as f:
-            shipped = json.load(f)
-        if shipped == want:
-            tasks = read_tasks(QUICKSTART_FILE)
-            if out_dir is not None:
-                _write_quickstart(tasks, want, out_dir)
-            return tasks
+    shipped = shipped_quickstart_file(want) if executor_factory is None else None
+    if shipped is not None:
+        tasks = read_task_file(shipped)
+        if out_dir is not None:
+            _write_quickstart(tasks, want, out_dir)
+        return tasks
     cfg = {**QUICKSTART_SETTINGS, "num_tasks": num_tasks, "horizons": tuple(horizons),
            "seed": seed, "servers": tuple(servers) if servers else None,
            "num_processes": 0, "executor_factory": executor_factory, "attempts_factor": 6.0}
@@ -503,6 +500,32 @@ def load_or_generate_quickstart_tasks(out_dir: str | None = None, num_tasks: int
     if out_dir is not None:
         _write_quickstart(tasks, want, out_dir)
     return tasks
+
+
+def shipped_quickstart_file(want: dict) -> str | None:
+    """Returns the task file shipped in the package that was generated with settings `want`
+    ({"num_tasks", "horizons", "seed", "servers"}), or None. Shipped sets: the 64 default tasks
+    (`QUICKSTART_FILE`) and the set `configs/quickstart.py` trains on (generating it takes
+    minutes on 2 cores)."""
+    data = os.path.dirname(QUICKSTART_FILE)
+    for meta in sorted(glob.glob(os.path.join(data, "gust_quickstart*.meta.json"))):
+        with open(meta) as f:
+            if json.load(f) != want:
+                continue
+        base = meta[:-len(".meta.json")]
+        for ext in (".jsonl", ".jsonl.gz"):
+            if os.path.exists(base + ext):
+                return base + ext
+    return None
+
+
+def read_task_file(path: str) -> list[Task]:
+    """Returns the tasks of one JSONL file, gzip-compressed (`.gz`) or not."""
+    if not path.endswith(".gz"):
+        return read_tasks(path)
+    import gzip
+    with gzip.open(path, "rt") as f:
+        return [task_from_line(line, path, n) for n, line in enumerate(f, 1) if line.strip()]
 
 
 def _write_quickstart(tasks: Sequence[Task], meta: dict, out_dir: str) -> None:
