@@ -93,6 +93,10 @@ def get_config() -> ConfigDict:
     c.train.num_micro = 1           # gradient accumulation micro-batches per step
     c.train.eval_every = 20         # RL steps between held-out evals (0 = never)
     c.train.sft_eval_every = 0      # SFT steps between held-out evals (0 = only at SFT's end)
+    # RL tasks sampled at the rollout temperature at every eval (probe/*): train-rollout
+    # success on one fixed set, which the per-step success (a new draw of tasks) is not.
+    # Capped at train.eval_tasks; 0 = no probe.
+    c.train.probe_tasks = 64
     c.train.eval_tasks = 128        # >= 128 held-out: 32 gives +-9 points of noise
     c.train.log_ref_kl = False      # score the reference every RL step even with kl_coef 0
     c.train.checkpoint_every = 10

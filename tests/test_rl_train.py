@@ -135,6 +135,19 @@ def test_inspect_rollouts_on_a_run_split(full_run):
         inspect(_config(), full_run, "eval", n=2, k=2, temperature=0.0)
 
 
+def test_probe_tasks_are_one_fixed_set_sampled_at_every_eval(tmp_path):
+    from toolverse_jax.rl.loop import run_training
+    wd = str(tmp_path / "probe")
+    run_training(_config(**{"train.eval_every": 1, "train.eval_tasks": 3,
+                            "train.probe_tasks": 8, "rl.steps": 1}), wd)
+    recs = [r for r in map(json.loads, open(os.path.join(wd, "metrics.jsonl")))
+            if "probe/success_rate" in r]
+    # step 0 (init), the SFT end (2) and the RL step (3); capped at eval_tasks = 3 tasks.
+    assert [r["step"] for r in recs] == [0, 2, 3]
+    assert all(0.0 <= r["probe/success_rate"] <= 1.0 and r["probe/time_s"] > 0 for r in recs)
+    assert all(abs(r["probe/policy_tokens"]) > 0 for r in recs)
+
+
 def test_sft_end_checkpoint_outlives_keep_checkpoints(full_run):
     # 2 SFT + 2 RL steps, checkpoint every step, keep 2: the latest two (3, 4) plus the SFT end
     # (2), which warm starts and `inspect_rollouts --step 2` read after RL moved on; 1 is gone.

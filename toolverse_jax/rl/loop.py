@@ -332,8 +332,11 @@ def plot_curve(records: list[dict], path: str) -> None:
     ax = fig.add_subplot()
     ev = [(r["step"], r["eval/success_rate"]) for r in records if "eval/success_rate" in r]
     tr = [(r["step"], r["rollout/success_rate"]) for r in records if "rollout/success_rate" in r]
+    pr = [(r["step"], r["probe/success_rate"]) for r in records if "probe/success_rate" in r]
     if ev:
         ax.plot(*zip(*ev), "o-", label="held-out success (greedy)")
+    if pr:
+        ax.plot(*zip(*pr), "s-", color="tab:green", label="probe RL tasks (sampled, fixed set)")
     if tr:
         steps, vals = zip(*tr)
         ax.plot(steps, vals, ".", alpha=0.3, color="tab:orange",
@@ -466,6 +469,11 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
     rl_ds = sft_ds if rl_pool is sft_pool else grain.MapDataset.source(rl_pool).shuffle(
         seed=config.seed).repeat()
     eval_tasks = tasks["eval"][:config.train.eval_tasks][pid::nproc]
+    # A fixed probe of RL tasks sampled like training rollouts at every eval: train-rollout
+    # success moves with which tasks a step drew (every arm of a sweep sees the same order),
+    # the probe's does not. At most train.eval_tasks of them (a smoke run's eval stays small).
+    n_probe = min(int(config.train.get("probe_tasks", 0) or 0), config.train.eval_tasks)
+    probe_tasks = list(rl_pool[:n_probe])[pid::nproc]
     rcfg = _rollout_config(config)
     stop_ids = tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"]))
     sampling = SamplingParams(max_new_tokens=config.rollout.max_new_tokens,
@@ -512,6 +520,14 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
                                      jax.random.key(0), seed=10_000)
             m = rollout_metrics(trajs, "eval")
             m["eval/time_s"] = time.time() - t0
+            if distributed.global_any(bool(probe_tasks)):
+                t0 = time.time()
+                policy = SamplerPolicy(local_params(params), cfg, sampling)
+                with on_local():
+                    trajs = run_rollouts(policy, probe_tasks, 1, pool, tokenizer, rcfg,
+                                         jax.random.key(1), seed=20_000)
+                m.update(rollout_metrics(trajs, "probe"))
+                m["probe/time_s"] = time.time() - t0
             return m
 
         def sft_rows(step: int) -> list[dict]:
