@@ -20,7 +20,7 @@ def test_register_get_names_and_errors():
         reg.register("b", lambda: 3)
     with pytest.raises(UnknownNameError) as e:
         reg.get("c")
-    assert str(e.value) == ("unknown widget 'c'; registered widgets: ['a', 'b'] "
+    assert str(e.value) == ("unknown widget 'c' (not registered); registered widgets: ['a', 'b'] "
                             "(add one with @reg.register('c'))")
     # callers that caught KeyError (dict tables) or ValueError (explicit checks) still do
     assert isinstance(e.value, KeyError) and isinstance(e.value, ValueError)

@@ -53,7 +53,8 @@ class Registry(Generic[T]):
             return self._entries[name]
         except (KeyError, TypeError):
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; registered {self.plural}: {self.names()}"
+                f"unknown {self.kind} {name!r} (not registered); registered {self.plural}: "
+                f"{self.names()}"
                 + (" " + self.hint.format(name=name) if self.hint else "")) from None
 
     def names(self) -> list[str]:
