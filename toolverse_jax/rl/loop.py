@@ -513,21 +513,18 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
         ref_local = None
 
         def evaluate(params, pool) -> dict:
-            t0 = time.time()
-            policy = SamplerPolicy(local_params(params), cfg, greedy)
-            with on_local():
-                trajs = run_rollouts(policy, eval_tasks, 1, pool, tokenizer, rcfg,
-                                     jax.random.key(0), seed=10_000)
-            m = rollout_metrics(trajs, "eval")
-            m["eval/time_s"] = time.time() - t0
-            if distributed.global_any(bool(probe_tasks)):
+            local = local_params(params)
+
+            def measure(tasks_, sp, key, seed, prefix) -> dict:
                 t0 = time.time()
-                policy = SamplerPolicy(local_params(params), cfg, sampling)
                 with on_local():
-                    trajs = run_rollouts(policy, probe_tasks, 1, pool, tokenizer, rcfg,
-                                         jax.random.key(1), seed=20_000)
-                m.update(rollout_metrics(trajs, "probe"))
-                m["probe/time_s"] = time.time() - t0
+                    trajs = run_rollouts(SamplerPolicy(local, cfg, sp), tasks_, 1, pool,
+                                         tokenizer, rcfg, jax.random.key(key), seed=seed)
+                return {**rollout_metrics(trajs, prefix), f"{prefix}/time_s": time.time() - t0}
+
+            m = measure(eval_tasks, greedy, 0, 10_000, "eval")
+            if distributed.global_any(bool(probe_tasks)):
+                m.update(measure(probe_tasks, sampling, 1, 20_000, "probe"))
             return m
 
         def sft_rows(step: int) -> list[dict]:

@@ -114,23 +114,22 @@ def episode_of(meta: Any) -> str:
 
 
 @contextlib.contextmanager
+def _bound(var: contextvars.ContextVar, value: Any):
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
+
+
 def episode_state(state: dict):
     """Makes `state` what `db()` returns inside the block (a tool call of one episode)."""
-    token = _STATE.set(state)
-    try:
-        yield state
-    finally:
-        _STATE.reset(token)
+    return _bound(_STATE, state)
 
 
-@contextlib.contextmanager
 def hidden_call(episode: str):
     """Makes `episode` what `current_episode()` returns inside the block (a hidden-tool call)."""
-    token = _EPISODE.set(episode)
-    try:
-        yield episode
-    finally:
-        _EPISODE.reset(token)
+    return _bound(_EPISODE, episode)
 
 
 class EpisodeStates:
