@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from toolverse_jax.models import get_preset, init_params
-from toolverse_jax.rl import trace
+from toolverse_jax.rl import trace_scoring
 
 
 def _case(rng, b, turns, turn_len, prompt_len, answer_len):
@@ -54,8 +54,8 @@ def main(argv=None) -> None:
     cfg = get_preset(a.preset)
     params = init_params(cfg, jax.random.key(0))
     rng = np.random.default_rng(0)
-    single = jax.jit(lambda *x: trace.score_readiness(params, cfg, *x))
-    naive = jax.jit(lambda *x: trace.score_readiness_naive(params, cfg, *x))
+    single = jax.jit(lambda *x: trace_scoring.score_readiness(params, cfg, *x))
+    naive = jax.jit(lambda *x: trace_scoring.score_readiness_naive(params, cfg, *x))
 
     def per_state(seq, bnd, ans, prefix):
         # each state's sequences cropped to S_k (64-token buckets bound the compiled shapes)

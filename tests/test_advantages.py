@@ -151,16 +151,6 @@ def test_state_grouped_hand_example():
     np.testing.assert_allclose(a, want, rtol=1e-5)
 
 
-# ---------------------------------------------------------------- tokens
-def test_token_advantages():
-    ta = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    tt = jnp.array([[-1, 0, 0, -1, 1, 2], [-1, -1, 2, 2, -1, -1]])
-    np.testing.assert_allclose(adv.token_advantages(ta, tt),
-                               [[0, 1, 1, 0, 2, 3], [0, 0, 6, 6, 0, 0]])
-    np.testing.assert_allclose(adv.token_advantages(jnp.array([7.0, -1.0]), tt),
-                               [[0, 7, 7, 0, 7, 7], [0, 0, -1, -1, 0, 0]])
-
-
 # ---------------------------------------------------------------- registry
 def test_registry_adapters_and_errors():
     assert {"grpo", "turn_aware", "trace", "state_grouped"} <= set(registry.list_advantages())

@@ -32,7 +32,7 @@ def test_every_by_name_table_is_a_registry():
     from toolverse_jax.eval.registry import EVALUATIONS
     from toolverse_jax.rl.losses import LOSSES
     from toolverse_jax.rl.registry import ADVANTAGES
-    from toolverse_jax.rl.trace import SCORERS
+    from toolverse_jax.rl.trace_scoring import SCORERS
 
     tables = {IMPLS: "chunked", EVALUATIONS: "gust", LOSSES: "ppo_clip", ADVANTAGES: "grpo",
               SCORERS: "single_pass"}

@@ -9,6 +9,7 @@ from toolverse_jax.models import forward, get_preset, init_params, logprobs_of
 from toolverse_jax.rl import advantages as adv
 from toolverse_jax.rl import registry
 from toolverse_jax.rl import trace
+from toolverse_jax.rl import trace_scoring as ts
 
 
 def test_telescoping_and_redundant_call():
@@ -114,9 +115,9 @@ def _case():
 def test_single_pass_equals_naive(tiny):
     cfg, params = tiny
     seq, bnd, aliases, prefix = _case()
-    ans = trace.pack_answers(aliases)
-    sp = jax.jit(lambda *x: trace.score_readiness(params, cfg, *x))(seq, bnd, ans, prefix)
-    nv = jax.jit(lambda *x: trace.score_readiness_naive(params, cfg, *x))(seq, bnd, ans, prefix)
+    ans = ts.pack_answers(aliases)
+    sp = jax.jit(lambda *x: ts.score_readiness(params, cfg, *x))(seq, bnd, ans, prefix)
+    nv = jax.jit(lambda *x: ts.score_readiness_naive(params, cfg, *x))(seq, bnd, ans, prefix)
     np.testing.assert_allclose(sp, nv, atol=1e-5)
     assert np.all(np.asarray(sp)[1, 2:] == 0.0) and np.all(np.asarray(sp)[0] < 0)
 
@@ -125,7 +126,7 @@ def test_single_pass_equals_naive(tiny):
 def test_single_pass_equals_unpadded_per_state_forward(tiny):
     cfg, params = tiny
     seq, bnd, aliases, prefix = _case()
-    sp = trace.score_readiness(params, cfg, seq, bnd, trace.pack_answers(aliases), prefix)
+    sp = ts.score_readiness(params, cfg, seq, bnd, ts.pack_answers(aliases), prefix)
     ref = _np_readiness(params, cfg, seq, bnd, aliases, prefix)
     np.testing.assert_allclose(sp, ref, atol=1e-5)
 
@@ -141,22 +142,22 @@ def test_attn_mask_default_is_unchanged(tiny):
 def test_empty_prefix_is_rejected(tiny):
     cfg, params = tiny
     with pytest.raises(ValueError, match="answer_prefix_ids"):
-        trace.score_readiness(params, cfg, np.zeros((1, 4), np.int32), np.array([[2]]),
-                              np.array([[1, 2]]), np.zeros((0,), np.int32))
+        ts.score_readiness(params, cfg, np.zeros((1, 4), np.int32), np.array([[2]]),
+                           np.array([[1, 2]]), np.zeros((0,), np.int32))
 
 
 def test_state_boundaries_and_packing():
     #           prompt    turn0  obs   turn1 obs   (stopped after 2 tool turns, no answer)
     tt = [-1, -1, -1, 0, 0, -1, -1, 1, 1, -1]
-    assert trace.state_boundaries(tt, 2, 4) == [3, 7, 10, -1]
+    assert ts.state_boundaries(tt, 2, 4) == [3, 7, 10, -1]
     tt2 = [-1, -1, 0, -1, 1, 1]  # one tool turn, then the answer turn 1
-    assert trace.state_boundaries(tt2, 1, 4) == [2, 4, -1, -1]
-    seq, bnd, ans = trace.readiness_inputs([list(range(10)), list(range(6))], [tt, tt2], [2, 1],
-                                           [[[5, 6]], [[7], [8, 9, 1]]], num_turns=3,
-                                           answer_pad_to=1)
+    assert ts.state_boundaries(tt2, 1, 4) == [2, 4, -1, -1]
+    seq, bnd, ans = ts.readiness_inputs([list(range(10)), list(range(6))], [tt, tt2], [2, 1],
+                                        [[[5, 6]], [[7], [8, 9, 1]]], num_turns=3,
+                                        answer_pad_to=1)
     assert seq.shape == (2, 16) and bnd.tolist() == [[3, 7, 10, -1], [2, 4, -1, -1]]
     assert ans.tolist() == [[[5, 6, -1], [-1, -1, -1]], [[7, -1, -1], [8, 9, 1]]]
-    _, _, padded = trace.readiness_inputs([list(range(10))], [tt], [2], [[[5, 6]]], num_turns=3)
+    _, _, padded = ts.readiness_inputs([list(range(10))], [tt], [2], [[[5, 6]]], num_turns=3)
     assert padded.tolist() == [[[5, 6] + [-1] * 6]]  # La rounded up to 8: one compile per bucket
 
 
@@ -170,21 +171,21 @@ def test_readiness_for_trajectories_matches_direct_scoring(tiny):
     task = SimpleNamespace(answer="Paris", meta={"aliases": ["Paris", "paris"]})
     tr = SimpleNamespace(task_id="t", tokens=list(range(20, 32)),
                          token_turn=[-1] * 3 + [0] * 3 + [-1] * 3 + [1] * 3, num_call_turns=1)
-    got = trace.readiness_for_trajectories(params, cfg, [tr], {"t": task}, tok, num_turns=2,
-                                           pad_to=8)
+    got = ts.readiness_for_trajectories(params, cfg, [tr], {"t": task}, tok, num_turns=2,
+                                        pad_to=8)
     prefix = np.asarray(tok.encode("<answer>", allow_special=False), np.int32)
-    ans = trace.pack_answers([[tok.encode("Paris", allow_special=False),
-                               tok.encode("paris", allow_special=False)]])
+    ans = ts.pack_answers([[tok.encode("Paris", allow_special=False),
+                            tok.encode("paris", allow_special=False)]])
     seq = np.zeros((1, 16), np.int32)
     seq[0, :12] = tr.tokens
-    want = trace.score_readiness(params, cfg, seq, np.array([[3, 9, -1]]), ans, prefix)
+    want = ts.score_readiness(params, cfg, seq, np.array([[3, 9, -1]]), ans, prefix)
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert got[0, 2] == 0.0 and got[0, 0] < 0
 
 
 def test_readiness_metrics_use_each_rows_last_state():
     r = np.array([[-2.0, -1.0, -0.5, 0.0], [-3.0, -3.0, 0.0, 0.0]])
-    m = trace.readiness_metrics(r, [2, 5])  # row 1 has more turns than states: clipped to S_3
+    m = ts.readiness_metrics(r, [2, 5])  # row 1 has more turns than states: clipped to S_3
     assert m["trace/readiness_s0"] == pytest.approx(-2.5)
     assert m["trace/readiness_last"] == pytest.approx((-0.5 + 0.0) / 2)
     assert m["trace/readiness_gain"] == pytest.approx(((-0.5 + 2.0) + 3.0) / 2)

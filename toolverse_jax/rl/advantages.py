@@ -29,7 +29,6 @@ __all__ = [
     "grpo",
     "turn_aware",
     "state_grouped",
-    "token_advantages",
     "discounted_future",
 ]
 
@@ -163,20 +162,3 @@ def state_grouped(rewards: Array, turn_rewards: Array, turn_mask: Array, group_i
         adv = adv + outcome_coef * grpo(jnp.asarray(rewards, dt), group_ids, eps, v)[:, None]
     return jnp.where(m, adv, 0.0)
 
-
-def token_advantages(turn_adv: Array, token_turn: Array) -> Array:
-    """Returns per-token advantages [B, L]: the advantage of the turn each token belongs to.
-
-    turn_adv: [B, T] per-turn advantages, or [B] one scalar per rollout (broadcast to all of its
-    policy tokens). token_turn: [B, L] int, turn index of each token, -1 for tokens outside the
-    loss (prompt, observations, padding). Turn indices >= T are an error upstream; they are
-    clipped here (jit cannot raise) and so take the last turn's value.
-    """
-    token_turn = jnp.asarray(token_turn)
-    policy = token_turn >= 0
-    if turn_adv.ndim == 1:
-        out = jnp.broadcast_to(turn_adv[:, None], token_turn.shape)
-    else:
-        idx = jnp.clip(token_turn, 0, turn_adv.shape[1] - 1)
-        out = jnp.take_along_axis(turn_adv, idx, axis=1)
-    return jnp.where(policy, out, jnp.zeros_like(out))

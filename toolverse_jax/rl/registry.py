@@ -4,9 +4,9 @@
     turn_adv = fn(AdvantageInputs(...), config.rl.advantage_kwargs)   # -> [B, T]
 
 Every adapter returns per-turn advantages [B, T] (0 on padded turns and invalid rows); turn ->
-token broadcasting is `advantages.token_advantages`. `cfg` is a dict or ConfigDict of constants;
-missing keys take the DESIGN.md §5 defaults. Adapters are pure and jittable with `cfg` static
-(close over it, or pass it through `functools.partial`).
+token broadcasting is host-side numpy, in `rl.batching.trajectory_rows`. `cfg` is a dict or
+ConfigDict of constants; missing keys take the DESIGN.md §5 defaults. Adapters are pure and
+jittable with `cfg` static (close over it, or pass it through `functools.partial`).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from toolverse_jax.rl.loop import (advantage_metrics, advantage_stats, ppo_updat
                                    rollout_metrics)
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
                                       run_rollouts)
-from toolverse_jax.rl.trace import readiness_for_trajectories
+from toolverse_jax.rl.trace_scoring import readiness_for_trajectories
 from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
                                       make_train_step)
 from toolverse_jax.sampling import SamplingParams

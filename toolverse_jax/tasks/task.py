@@ -9,24 +9,13 @@ import math
 import re
 from typing import Any
 
+from toolverse_jax.envs import EpisodeSpec
 from toolverse_jax.tasks import schema as sch
 
 
-def episode_spec(servers, seed):
-    """Returns `envs.EpisodeSpec(servers, seed)`, or a `SpecStandIn` with the same fields where
-    the envs layer cannot be imported (tasks read without MCP installed)."""
-    try:
-        from toolverse_jax.envs import EpisodeSpec  # noqa: PLC0415
-    except ImportError:  # envs layer not importable: a stand-in with the same fields
-        return SpecStandIn(tuple(servers), int(seed))
+def episode_spec(servers, seed) -> EpisodeSpec:
+    """Returns `envs.EpisodeSpec(servers, seed)` with servers as a tuple and seed as an int."""
     return EpisodeSpec(servers=tuple(servers), seed=int(seed))
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecStandIn:
-    """Stand-in for `envs.EpisodeSpec` (servers, seed) when the envs layer is unavailable."""
-    servers: tuple[str, ...]
-    seed: int
 
 
 @dataclasses.dataclass
