@@ -3,7 +3,7 @@
     python -m benchmarks.checkpoint_save           # 4 layers, d=256, vocab 8192, save every step
     python -m benchmarks.checkpoint_save --quick   # 2 layers, d=128, vocab 1024
 
-Both modes run the same loop as rl/loop.py: a jitted PPO-clip train step that donates its state,
+Both modes run the same loop as rl/driver.py: a jitted PPO-clip train step that donates its state,
 then `RunCheckpointer.save(step, state, reference, meta)` every step. "blocking" (the baseline:
 what RunCheckpointer did before, a save then `wait_until_finished()`) writes each step before the
 next one starts; "async" (ours) returns once the arrays are on the host and writes while the next
@@ -83,8 +83,9 @@ def run(a: argparse.Namespace) -> dict:
 
     from benchmarks.train_step import random_rows
     from toolverse_jax.models import ModelConfig, init_params
+    from toolverse_jax.rl.batching import pack_rows
     from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
-                                          make_train_step, pack_rows, score_jit)
+                                          make_train_step, score_jit)
     cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, num_layers=a.layers,
                       num_heads=a.heads, num_kv_heads=a.kv_heads, head_dim=a.head_dim,
                       mlp_dim=a.mlp_dim, tie_embeddings=True, max_seq_len=max(512, a.length))

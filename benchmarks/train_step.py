@@ -73,14 +73,15 @@ def matmul_peak(m: int, k: int, n: int, repeats: int = 3) -> float:
 
 def random_rows(rng: np.random.Generator, batch: int, length: int, vocab: int) -> list[dict]:
     """Returns `batch` random RL rows of `length` + 1 tokens (the first eighth is prompt)."""
+    from toolverse_jax.rl.types import Row
     rows = []
     for _ in range(batch):
         n = length + 1  # pack_rows shifts by one: length inputs, length targets
         mask = np.ones(n, bool)
         mask[: n // 8] = False  # a prompt part outside the loss, as in real rows
-        rows.append({"tokens": rng.integers(0, vocab, n).tolist(), "policy_mask": mask.tolist(),
-                     "advantages": rng.standard_normal(n).astype(np.float32),
-                     "sample_logprobs": np.full(n, -np.log(vocab), np.float32)})
+        rows.append(Row(rng.integers(0, vocab, n).tolist(), mask.tolist(),
+                        rng.standard_normal(n).astype(np.float32),
+                        np.full(n, -np.log(vocab), np.float32)))
     return rows
 
 
@@ -89,8 +90,9 @@ def bench_train_step(a: argparse.Namespace) -> dict:
     import jax
 
     from toolverse_jax.models import ModelConfig, init_params
+    from toolverse_jax.rl.batching import pack_rows
     from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
-                                          make_train_step, pack_rows, score_jit)
+                                          make_train_step, score_jit)
     cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, num_layers=a.layers,
                       num_heads=a.heads, num_kv_heads=a.kv_heads, head_dim=a.head_dim,
                       mlp_dim=a.mlp_dim, rope_theta=1_000_000.0, tie_embeddings=True,
@@ -149,35 +151,32 @@ def bench_rl_step(a: argparse.Namespace) -> dict:
     from configs.quickstart import get_config
     from toolverse_jax.envs import Catalog, EnvPool
     from toolverse_jax.models import get_preset, init_params, load_tokenizer
-    from toolverse_jax.rl.batching import compute_advantages, trajectory_rows
-    from toolverse_jax.rl.loop import _loss_config, _rollout_config
+    from toolverse_jax.rl.batching import compute_advantages, pack_rows, trajectory_rows
     from toolverse_jax.rl.rollout import SamplerPolicy, run_rollouts
+    from toolverse_jax.rl.spec import RunSpec, sampling_params
     from toolverse_jax.rl.trainer import (init_train_state, make_optimizer, make_train_step,
-                                          pack_rows, score_jit)
-    from toolverse_jax.sampling import SamplingParams
+                                          score_jit)
     from toolverse_jax.tasks import load_or_generate_quickstart_tasks
 
     config = get_config()
+    spec = RunSpec.from_config(config)
+    tu = spec.tool_use
     # The run's "trained" BPE is built from its tasks by the training loop; the step-time split
     # here runs on the byte tokenizer (the tiny preset's vocab).
-    tokenizer = load_tokenizer("byte" if config.model.tokenizer == "trained"
-                               else config.model.tokenizer)
-    cfg = get_preset(config.model.preset)
-    rcfg = _rollout_config(config)
-    r = config.rollout
-    sampling = SamplingParams(
-        max_new_tokens=a.rl_max_new_tokens or r.max_new_tokens, temperature=r.temperature,
-        top_p=r.top_p, top_k=r.top_k, pad_id=tokenizer.pad_id,
-        stop_token_ids=tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"])))
+    tokenizer = load_tokenizer("byte" if spec.model.tokenizer == "trained"
+                               else spec.model.tokenizer)
+    cfg = get_preset(spec.model.preset)
+    rcfg = tu.rollout
+    sampling = sampling_params(tokenizer, a.rl_max_new_tokens or tu.max_new_tokens,
+                               tu.temperature, tu.top_p, tu.top_k)
     tasks = load_or_generate_quickstart_tasks(None, num_tasks=64, horizons=(1, 2, 3), seed=0)
     opt = make_optimizer(config.rl.lr, config.rl.warmup_steps, 1000,
                          weight_decay=config.rl.weight_decay,
                          max_grad_norm=config.rl.max_grad_norm)
-    state = init_train_state(init_params(cfg, jax.random.key(config.seed)), opt)
+    state = init_train_state(init_params(cfg, jax.random.key(spec.seed)), opt)
     ref_params = jax.tree.map(jnp.copy, state.params)
-    step_fn = make_train_step(cfg, _loss_config(config, config.rl.loss), opt,
-                              config.train.num_micro)
-    temp = r.temperature
+    step_fn = make_train_step(cfg, spec.rl.loss, opt, spec.num_micro)
+    temp = tu.temperature
     phases: dict[str, list[float]] = {k: [] for k in
                                       ("rollout_s", "advantages_s", "scoring_s", "update_s")}
     counts: dict[str, list[float]] = {"policy_tokens": [], "batch_shape": []}
@@ -193,7 +192,7 @@ def bench_rl_step(a: argparse.Namespace) -> dict:
             t1 = time.perf_counter()
             turn_adv = compute_advantages(trajs, "grpo", {}, rcfg.max_turns + 1)
             rows = trajectory_rows(trajs, turn_adv)
-            batch = pack_rows(rows, tokenizer.pad_id, config.train.num_micro)
+            batch = pack_rows(rows, tokenizer.pad_id, spec.num_micro)
             t2 = time.perf_counter()
             old_lp, _ = score_jit(state.params, batch, cfg=cfg, temperature=temp)
             ref_lp, _ = score_jit(ref_params, batch, cfg=cfg, temperature=temp)
@@ -220,7 +219,7 @@ def bench_rl_step(a: argparse.Namespace) -> dict:
                     "tasks": "shipped quickstart (64 tasks, horizons 1-3)",
                     "tasks_per_step": n_tasks, "group_size": group,
                     "max_new_tokens": sampling.max_new_tokens, "max_turns": rcfg.max_turns,
-                    "advantage": "grpo", "loss": config.rl.loss, "env_workers": 1,
+                    "advantage": "grpo", "loss": spec.rl.loss.name, "env_workers": 1,
                     "timed_steps": a.rl_steps},
         **med,
         "step_s": round(total, 4),

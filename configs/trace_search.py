@@ -53,9 +53,6 @@ def get_config() -> ConfigDict:
     c.rl.advantage = "trace"
     c.rl.adv = trace_constants()
 
-    c.trace = ConfigDict()
-    c.trace.answer_prefix = "<answer>"  # text before the gold answer when scoring ℓ̄ (>= 1 token)
-    c.trace.scorer = "single_pass"      # "single_pass" | "naive" (per-state reference)
-    c.trace.reference = "initial"       # π_ref = frozen copy of the initial policy
-    c.trace.pad_to = 64                 # sequence-length bucket for the scorer (recompiles)
+    # π_ref is the policy when RL starts (the SFT warm start); scorer knobs: configs/common.py.
+    c.trace.scorer = "single_pass"
     return c

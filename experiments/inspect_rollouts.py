@@ -45,26 +45,24 @@ def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
     """Returns (summary dict, trajectories, tokenizer) for `n` tasks of the run's `split`."""
     from toolverse_jax.envs import EnvPool
     from toolverse_jax.eval.policies import load_orbax_params
-    from toolverse_jax.rl import loop
+    from toolverse_jax.rl import tool_use
     from toolverse_jax.rl.rollout import SamplerPolicy, run_rollouts
-    from toolverse_jax.sampling import SamplingParams
+    from toolverse_jax.rl.spec import RunSpec, sampling_params
 
     if k > 1 and temperature == 0.0:
         raise ValueError("--k > 1 with --temperature 0 repeats one greedy rollout; set a temperature")
-    splits = loop.load_tasks(config, workdir)
+    spec = RunSpec.from_config(config)
+    tu = spec.tool_use
+    splits = tool_use.load_tasks(tu.tasks, tu.rollout, spec.env, workdir)
     tasks = splits[split][:n]
-    catalog = loop.run_catalog(config)
-    tokenizer = loop.build_tokenizer(config, splits["train"], catalog, workdir)
+    catalog = tool_use.run_catalog(spec.env)
+    tokenizer = tool_use.build_tokenizer(spec.model, tu.rollout, splits["train"], catalog,
+                                         workdir)
     cfg, params, got_step = load_orbax_params(workdir, step)
-    sampling = SamplingParams(
-        max_new_tokens=config.rollout.max_new_tokens, temperature=temperature,
-        stop_token_ids=tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"])),
-        pad_id=tokenizer.pad_id)
-    with EnvPool(catalog, num_workers=config.env.num_workers,
-                 call_timeout_s=config.env.call_timeout_s) as pool:
+    sampling = sampling_params(tokenizer, tu.max_new_tokens, temperature)
+    with EnvPool(catalog, **spec.env.pool_kwargs()) as pool:
         trajs = run_rollouts(SamplerPolicy(params, cfg, sampling), tasks, k, pool, tokenizer,
-                             loop._rollout_config(config), jax.random.key(config.seed),
-                             seed=10_000)
+                             tu.rollout, jax.random.key(spec.seed), seed=10_000)
     summary = {"step": got_step, "split": split, "k": k, "temperature": temperature,
                **summarize(trajs)}
     return summary, trajs, tokenizer

@@ -28,6 +28,10 @@ _MULTI = flags.DEFINE_list("multi_turn_estimators", ["grpo", "turn_aware", "trac
                            "estimators on the multi-turn credit task")
 _BANDIT_STEPS = flags.DEFINE_integer("bandit_steps", 20, "RL step budget of the bandit")
 _MULTI_STEPS = flags.DEFINE_integer("multi_turn_steps", 40, "RL step budget of multi-turn")
+_FIRST_SEED = flags.DEFINE_integer("first_seed", 0, "seeds run: first_seed..first_seed+seeds-1")
+_STOP_AT = flags.DEFINE_float("stop_at", None, "end each RL run once its windowed sampled "
+                              "success reaches this (steps-to is then exact, 'final' is that "
+                              "step's); default: run the whole budget")
 
 THRESHOLDS = {"bandit": 0.9, "multi_turn": 0.8}
 CURVE_KEYS = ("step", "success", "rollout/right_press", "rollout/reward", "rollout/answered",
@@ -110,11 +114,10 @@ def run(out: str, seeds: Sequence[int], parts: Sequence[str] = ("bandit", "multi
     report: dict = {"seeds": list(seeds), "window": sanity.SanityConfig().window}
     plan = {"bandit": (bandit_estimators, bandit_steps, ("grpo",)),
             "multi_turn": (multi_turn_estimators, multi_turn_steps, ())}
-    for kind in parts:
-        estimators, steps, flip = plan[kind]
-        base = dataclasses.replace(sanity.SanityConfig(kind=kind, rl_steps=steps),
-                                   **(overrides or {}))
-        results = sanity.run_suite(base, estimators, seeds, flip=flip, log=log)
+
+    def record(kind: str, results: list) -> None:
+        # Rewritten after every (seed, estimator) run: a long suite stopped midway keeps what
+        # it measured (the Markdown says which cells are missing).
         report[kind] = {
             "summary": summarize(results, kind),
             "runs": [{"config": r.config, "initial_success": r.initial_success,
@@ -122,19 +125,35 @@ def run(out: str, seeds: Sequence[int], parts: Sequence[str] = ("bandit", "multi
                       "warm_seconds": r.warm_seconds,
                       "curve": [{k: c[k] for k in CURVE_KEYS if k in c} for c in r.curve]}
                      for r in results]}
-    report["seconds"] = time.time() - t0
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        f.write(markdown(report))
-    with open(os.path.splitext(out)[0] + ".json", "w") as f:
-        json.dump(report, f, indent=1)
+        report["seconds"] = time.time() - t0
+        write_report(out, report)
+
+    for kind in parts:
+        estimators, steps, flip = plan[kind]
+        base = dataclasses.replace(sanity.SanityConfig(kind=kind, rl_steps=steps),
+                                   **(overrides or {}))
+        results = sanity.run_suite(base, estimators, seeds, flip=flip, log=log,
+                                   on_result=lambda rs, kind=kind: record(kind, rs))
+        record(kind, results)
     return report
+
+
+def write_report(out: str, report: dict) -> None:
+    """Writes `report` as Markdown at `out` and as JSON beside it (.json), each atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    for path, text in ((out, markdown(report)),
+                       (os.path.splitext(out)[0] + ".json", json.dumps(report, indent=1))):
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
 
 
 def main(argv) -> None:
     del argv
-    report = run(_OUT.value, list(range(_SEEDS.value)), _PARTS.value, _BANDIT.value,
-                 _MULTI.value, _BANDIT_STEPS.value, _MULTI_STEPS.value)
+    seeds = list(range(_FIRST_SEED.value, _FIRST_SEED.value + _SEEDS.value))
+    overrides = {"stop_at": _STOP_AT.value} if _STOP_AT.value is not None else None
+    report = run(_OUT.value, seeds, _PARTS.value, _BANDIT.value, _MULTI.value,
+                 _BANDIT_STEPS.value, _MULTI_STEPS.value, overrides=overrides)
     print(markdown(report))
 
 

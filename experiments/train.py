@@ -18,9 +18,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/toolverse_quickstart", "output d
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-    from toolverse_jax.rl.loop import run_training
-    if _CONFIG.value.get("method") == "memory_r2":
-        from toolverse_jax.memory.train import run_memory_training as run_training
+    from toolverse_jax.rl.driver import run_training  # config.method picks the program
     summary = run_training(_CONFIG.value, _WORKDIR.value)
     print(json.dumps(summary))
 

@@ -121,9 +121,9 @@ def test_multihost_args_and_rows():
     with pytest.raises(SystemExit):
         multihost.parse_args(["--batch", "3"])
     rows = multihost.random_rows(np.random.default_rng(0), 3, 16, 50)
-    assert len(rows) == 3 and all(len(r["tokens"]) == 17 for r in rows)
-    assert all(3 <= t < 50 for r in rows for t in r["tokens"])
-    assert not any(rows[0]["policy_mask"][:2]) and all(rows[0]["policy_mask"][2:])
+    assert len(rows) == 3 and all(len(r.tokens) == 17 for r in rows)
+    assert all(3 <= t < 50 for r in rows for t in r.tokens)
+    assert not any(rows[0].policy_mask[:2]) and all(rows[0].policy_mask[2:])
 
 
 @pytest.mark.slow

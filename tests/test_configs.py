@@ -7,7 +7,7 @@ from tests.multidevice import run_with_devices
 _CODE = """
 import json, sys, tempfile
 from configs.toolverse_qwen3_4b import get_config
-from toolverse_jax.rl.loop import run_training
+from toolverse_jax.rl.driver import run_training
 c = get_config()
 # Tiny stand-in for the 4B model and the GUST shards; everything else (mesh, optimizer, remat,
 # micro-batching, the estimator) is the real config's.

@@ -7,7 +7,7 @@ from tests.multidevice import run_with_devices
 _CODE = """
 import json, tempfile
 from configs.memory_r2_qwen3_4b import get_config
-from toolverse_jax.memory.train import run_memory_training
+from toolverse_jax.rl.driver import run_training
 c = get_config()
 # Tiny stand-in for the 4B model; mesh, remat, micro-batching, LoGo settings are the config's.
 c.model.preset, c.model.tokenizer, c.model.dtype = "tiny", "byte", "float32"
@@ -19,7 +19,7 @@ c.memory.max_new_tokens.answerer = 8
 c.rl.steps, c.rl.convs_per_step, c.rl.group_size, c.logo.inner_n = 1, 1, 2, 2
 c.train.num_micro, c.train.eval_every, c.train.progress = 2, 0, False
 wd = tempfile.mkdtemp()
-run_memory_training(c, wd)
+run_training(c, wd)
 rows = [json.loads(l) for l in open(wd + "/metrics.jsonl")]
 print("RESULT", json.dumps(rows[-1]))
 """

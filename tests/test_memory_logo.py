@@ -43,12 +43,14 @@ def test_rows_put_advantages_on_the_producing_role_tokens():
                                             _call("answerer", 0, 5, 1)])
     failed = dataclasses.replace(tr, infra_failed=True)
     rows = trajectory_rows([tr, failed], [2.0, 9.0], ("extractor", "manager", "answerer"))
-    assert [r["role"] for r in rows] == ["extractor", "manager", "answerer"]
-    np.testing.assert_array_equal(rows[1]["advantages"], [0, 0, 0, 0, 2, 2, 2])
-    np.testing.assert_array_equal(rows[0]["sample_logprobs"], [0, 0, 0, -0.5, -0.5])
+    # one row per call of a trained role, in call order (token counts 5, 7, 6 tell them apart)
+    assert [len(r.tokens) for r in rows] == [5, 7, 6]
+    np.testing.assert_array_equal(rows[1].advantages, [0, 0, 0, 0, 2, 2, 2])
+    np.testing.assert_array_equal(rows[0].sample_logprobs, [0, 0, 0, -0.5, -0.5])
     # local members: credit only on extractor / manager tokens; a role subset is respected
     local = trajectory_rows([tr], [1.5], ("manager", "answerer"), local=True)
-    assert [r["role"] for r in local] == ["manager"] and local[0]["local"]
+    assert [len(r.tokens) for r in local] == [7]  # the manager's call only
+    np.testing.assert_array_equal(local[0].advantages, [0, 0, 0, 0, 1.5, 1.5, 1.5])
     with pytest.raises(ValueError, match="unknown memory roles"):
         trajectory_rows([tr], [1.0], ("critic",))
 

@@ -20,6 +20,8 @@ from toolverse_jax.sharding import distributed
 n = distributed.initialize()
 import jax, jax.numpy as jnp
 from toolverse_jax.models import get_preset, init_params
+from toolverse_jax.rl.batching import global_batch
+from toolverse_jax.rl.types import Row
 from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
                                       make_train_step, score_jit)
 from toolverse_jax.sharding import make_mesh, shard_params, sharding_context
@@ -30,16 +32,16 @@ for i in range(4):   # different lengths, so the processes must agree on the pad
     L = 20 + 9 * i
     toks = rng.integers(3, cfg.vocab_size, L).tolist()
     mask = [False] * 6 + [True] * (L - 6)
-    rows.append({"tokens": toks, "policy_mask": mask,
-                 "advantages": rng.normal(size=L).astype(np.float32),
-                 "sample_logprobs": (-rng.random(L)).astype(np.float32)})
+    rows.append(Row(toks, mask,
+                    rng.normal(size=L).astype(np.float32),
+                    (-rng.random(L)).astype(np.float32)))
 mesh = make_mesh((-1, 1, 1))
 opt = make_optimizer(1e-2, 1, 10)
 params = init_params(cfg, jax.random.key(0))
 with sharding_context(mesh):
     params = shard_params(params, cfg, mesh)
     state = init_train_state(params, opt)
-    batch = distributed.global_batch(distributed.process_slice(rows), 0, mesh)
+    batch = global_batch(distributed.process_slice(rows), 0, mesh)
     old, _ = score_jit(state.params, batch, cfg=cfg)
     batch = batch._replace(old_logprobs=old - 0.05, ref_logprobs=old)
     step = make_train_step(cfg, LossConfig(kl_coef=0.01), opt)

@@ -9,7 +9,7 @@ from toolverse_jax.models import ByteTokenizer
 from toolverse_jax.models.chat import render_tool_call
 from toolverse_jax.rl.batching import compute_advantages, trajectory_rows, turn_arrays
 from toolverse_jax.rl.rollout import RolloutConfig, run_rollouts
-from toolverse_jax.rl.trainer import pack_rows
+from toolverse_jax.rl.batching import pack_rows
 from toolverse_jax.sampling import SampleOutput
 from toolverse_jax.tasks import load_or_generate_quickstart_tasks
 
@@ -136,7 +136,7 @@ def test_batching_advantages_and_rows(tasks):
     assert np.all(adv[2] == 0) and np.all(adv[3:] == 0)  # failed row and all-equal group
     rows = trajectory_rows(trajs, adv)
     assert len(rows) == 4  # the infra failure is dropped
-    assert rows[0]["advantages"].tolist() == pytest.approx([0, 0, 1, 1, 0, 1, 1, 0], abs=1e-5)
+    assert rows[0].advantages.tolist() == pytest.approx([0, 0, 1, 1, 0, 1, 1, 0], abs=1e-5)
     batch = pack_rows(rows, pad_id=0, num_micro=3)
     assert batch.tokens.shape[0] == 6 and batch.tokens.shape[1] == 64
     assert batch.loss_mask[0, :7].tolist() == [0, 1, 1, 0, 1, 1, 0]  # mask of the *target*
@@ -165,8 +165,8 @@ def test_truncated_rollout_gets_negative_advantage_on_every_policy_token(estimat
     readiness = np.full((2, 4), -2.0, np.float32) if estimator == "trace" else None
     adv = compute_advantages(trajs, estimator, {}, 3, readiness)
     rows = trajectory_rows(trajs, adv)
-    cut_adv = rows[1]["advantages"][np.asarray(cut.policy_mask)]
-    ok_adv = rows[0]["advantages"][np.asarray(ok.policy_mask)]
+    cut_adv = rows[1].advantages[np.asarray(cut.policy_mask)]
+    ok_adv = rows[0].advantages[np.asarray(ok.policy_mask)]
     assert cut_adv.size == 4 and np.all(cut_adv < 0), cut_adv
     assert np.all(ok_adv > 0), ok_adv
 
@@ -190,7 +190,7 @@ def test_shaped_reward_adds_call_and_gold_turn_bonuses():
 def test_quickstart_filter_drops_unanswerable_and_long_literal_tasks():
     import dataclasses
     from configs.quickstart import get_config
-    from toolverse_jax.rl.loop import _filter_tasks, answer_visible, max_literal_chars
+    from toolverse_jax.rl.tool_use import answer_visible, filter_tasks, max_literal_chars
     from toolverse_jax.tasks.task import GoldStep
     base = load_or_generate_quickstart_tasks()[0]
     step = GoldStep(server="calendar", tool="get_event", name="get_event",
@@ -203,15 +203,11 @@ def test_quickstart_filter_drops_unanswerable_and_long_literal_tasks():
     assert max_literal_chars(hidden) == len('"ev_0007"') and max_literal_chars(long_arg) == 42
     assert answer_visible(hidden, RolloutConfig(max_observation_chars=1000))
     assert not answer_visible(hidden, RolloutConfig(max_observation_chars=60))  # title cut off
-    c = get_config()
-    c.rollout.max_observation_chars = 1000
-    c.tasks.max_literal_chars = 24
-    assert _filter_tasks([hidden, long_arg], c) == [hidden]
-    c.rollout.max_observation_chars = 60
-    assert _filter_tasks([hidden, long_arg], c) == []
-    c.tasks.max_literal_chars = 0
-    c.rollout.max_observation_chars = 1000
-    assert _filter_tasks([hidden, long_arg], c) == [hidden, long_arg]
+    wide, narrow = RolloutConfig(max_observation_chars=1000), RolloutConfig(max_observation_chars=60)
+    assert get_config().tasks.max_literal_chars == 24
+    assert filter_tasks([hidden, long_arg], wide, 24) == [hidden]
+    assert filter_tasks([hidden, long_arg], narrow, 24) == []
+    assert filter_tasks([hidden, long_arg], wide, 0) == [hidden, long_arg]
 
 
 def test_arg_overlap_gives_partial_credit_per_value_and_bonus():

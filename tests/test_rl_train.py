@@ -15,8 +15,9 @@ import pytest
 
 from toolverse_jax.models import get_preset, init_params
 from toolverse_jax.rl.checkpoint import CheckpointMismatchError, CorruptCheckpointError
-from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
-                                      make_train_step, pack_rows)
+from toolverse_jax.rl.types import Row
+from toolverse_jax.rl.batching import pack_rows
+from toolverse_jax.rl.trainer import LossConfig, init_train_state, make_optimizer, make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,10 +27,9 @@ def _rows(n=4):
     rows = []
     for i in range(n):
         L = 20 + 7 * i
-        rows.append({"tokens": rng.integers(0, 256, L).tolist(),
-                     "policy_mask": (rng.random(L) > 0.4).tolist(),
-                     "advantages": rng.normal(size=L).astype(np.float32),
-                     "sample_logprobs": -np.abs(rng.normal(size=L)).astype(np.float32)})
+        rows.append(Row(rng.integers(0, 256, L).tolist(), (rng.random(L) > 0.4).tolist(),
+                        rng.normal(size=L).astype(np.float32),
+                        -np.abs(rng.normal(size=L)).astype(np.float32)))
     return rows
 
 
@@ -103,14 +103,14 @@ def _losses(workdir):
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    from toolverse_jax.rl.loop import run_training
+    from toolverse_jax.rl.driver import run_training
     wd = str(tmp_path_factory.mktemp("full"))
     run_training(_config(), wd)
     return wd
 
 
 def test_resume_gives_bit_exact_next_step(full_run, tmp_path):
-    from toolverse_jax.rl.loop import run_training
+    from toolverse_jax.rl.driver import run_training
     wd = str(tmp_path / "resumed")
     run_training(_config(**{"rl.steps": 1}), wd)        # stops after step 3 (2 SFT + 1 RL)
     run_training(_config(), wd)                          # resumes, runs step 4
@@ -136,7 +136,7 @@ def test_inspect_rollouts_on_a_run_split(full_run):
 
 
 def test_probe_tasks_are_one_fixed_set_sampled_at_every_eval(tmp_path):
-    from toolverse_jax.rl.loop import run_training
+    from toolverse_jax.rl.driver import run_training
     wd = str(tmp_path / "probe")
     run_training(_config(**{"train.eval_every": 1, "train.eval_tasks": 3,
                             "train.probe_tasks": 8, "rl.steps": 1}), wd)
@@ -160,7 +160,7 @@ def test_sft_end_checkpoint_outlives_keep_checkpoints(full_run):
 
 
 def test_mismatched_and_corrupt_checkpoints_fail_clearly(full_run, tmp_path):
-    from toolverse_jax.rl.loop import run_training
+    from toolverse_jax.rl.driver import run_training
     wd = str(tmp_path / "copy")
     shutil.copytree(full_run, wd)
     with pytest.raises(CheckpointMismatchError, match="model_config"):
@@ -284,7 +284,7 @@ def test_rl_step_logs_advantage_truncation_and_entropy_metrics(full_run):
 
 
 def test_advantage_metrics_and_smoothing_by_hand():
-    from toolverse_jax.rl.loop import advantage_metrics, smooth
+    from toolverse_jax.rl.metrics import advantage_metrics, smooth
     # Group 0: tokens (1, 1, -1, -1) -> nonzero; group 1: all zero; one padding row.
     stats = np.array([[1, 0, 2.0, 2.0, 2], [1, 0, -2.0, 2.0, 2], [1, 1, 0.0, 0.0, 3],
                       [0, 9, 5.0, 5.0, 5]], np.float64)
@@ -296,7 +296,7 @@ def test_advantage_metrics_and_smoothing_by_hand():
 
 
 def test_ppo_update_one_pass_equals_a_plain_step_and_counts_epochs():
-    from toolverse_jax.rl.loop import ppo_update
+    from toolverse_jax.rl.trainer import ppo_update
     from toolverse_jax.rl.trainer import score_jit
     from toolverse_jax.sharding import make_mesh, sharding_context
     cfg = get_preset("tiny")
@@ -320,7 +320,7 @@ def test_ppo_update_one_pass_equals_a_plain_step_and_counts_epochs():
 
 
 def test_warm_start_copies_the_sft_phase_and_matches_the_full_run(full_run, tmp_path):
-    from toolverse_jax.rl.loop import run_training
+    from toolverse_jax.rl.driver import run_training
     sft = str(tmp_path / "sft")
     run_training(_config(**{"rl.steps": 0}), sft)
     wd = str(tmp_path / "rl")
@@ -333,7 +333,7 @@ def test_warm_start_copies_the_sft_phase_and_matches_the_full_run(full_run, tmp_
 
 
 def test_phase_pools_split_sft_and_rl_tasks():
-    from toolverse_jax.rl.loop import phase_pools
+    from toolverse_jax.rl.tool_use import phase_pools
     train = list(range(10))
     a, b = phase_pools(train, 1.0)
     assert a is train and b is train

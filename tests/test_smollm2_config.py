@@ -22,7 +22,7 @@ def test_config_loads():
 def test_two_rl_steps_from_smollm2_on_cpu(tmp_path):
     pytest.importorskip("gguf")
     from toolverse_jax.models import get_preset, load_hf_checkpoint
-    from toolverse_jax.rl.loop import run_training
+    from toolverse_jax.rl.driver import run_training
     c = smollm2_135m.get_config()
     cfg, _ = load_hf_checkpoint(c.model.checkpoint)
     assert cfg == get_preset(c.model.preset).replace(rms_eps=cfg.rms_eps)

@@ -197,7 +197,7 @@ def test_trace_search_config_runs_an_rl_step_end_to_end(tmp_path):
     import json
 
     from configs.trace_search import get_config
-    from toolverse_jax.rl.loop import run_training
+    from toolverse_jax.rl.driver import run_training
 
     c = get_config()
     c.tasks.num_tasks, c.tasks.eval_fraction = 16, 0.25

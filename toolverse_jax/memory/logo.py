@@ -17,6 +17,7 @@ import numpy as np
 
 from toolverse_jax.memory.roles import check_roles
 from toolverse_jax.rl.advantages import grpo
+from toolverse_jax.rl.types import Row
 
 LOCAL_ROLES = ("extractor", "manager")
 
@@ -40,7 +41,7 @@ def logo_advantages(global_rewards, global_groups, global_valid, local_rewards, 
 
 
 def trajectory_rows(trajs: Sequence, advantages: Sequence[float], roles: Sequence[str],
-                    local: bool = False) -> list[dict]:
+                    local: bool = False) -> list[Row]:
     """Returns training rows (tokens, policy_mask, advantages, sample_logprobs), one per role
     call of the trained `roles` (local members: extractor / manager calls only); the advantage
     of a trajectory is placed on its completion tokens. Infrastructure failures are dropped."""
@@ -55,8 +56,7 @@ def trajectory_rows(trajs: Sequence, advantages: Sequence[float], roles: Sequenc
             if call.role not in roles:
                 continue
             mask = np.asarray(call.policy_mask, bool)
-            rows.append({"tokens": call.tokens, "policy_mask": call.policy_mask,
-                         "advantages": np.where(mask, np.float32(a), 0.0).astype(np.float32),
-                         "sample_logprobs": np.asarray(call.sample_logprobs, np.float32),
-                         "role": call.role, "local": local})
+            rows.append(Row(call.tokens, call.policy_mask,
+                            np.where(mask, np.float32(a), 0.0).astype(np.float32),
+                            np.asarray(call.sample_logprobs, np.float32)))
     return rows

@@ -1,25 +1,20 @@
-"""The Memory-R2 training run: SFT warm-start on gold memory operations, then LoGo-GRPO with the
-session curriculum. `python -m experiments.train --config configs/memory_r2.py --workdir DIR`.
+"""The Memory-R2 training program: SFT warm-start on gold memory operations, then LoGo-GRPO with
+the session curriculum. `python -m experiments.train --config configs/memory_r2.py --workdir DIR`
+(`rl/driver.py` runs it, like the tool-use program).
 
 Writes DIR/metrics.jsonl (`eval/success_rate` = greedy QA exact match at the current curriculum
-horizon; `eval/qa_em_<S>` / `eval/qa_f1_<S>` at every evaluated horizon), tensorboard events,
-orbax checkpoints whose metadata holds the curriculum state (resume continues at the same
-stage) and a learning-curve PNG. Reuses the RL loop's model builder, metrics log, checkpointer
-and the trainer's step; only the rollout (multi-session, three roles) and the advantage
-(LoGo-GRPO) differ from `toolverse_jax.rl.loop`.
+horizon; `eval/qa_em_<S>` / `eval/qa_f1_<S>` at every evaluated horizon), and checkpoints whose
+metadata holds the curriculum state (resume continues at the same stage). Only the rollout
+(multi-session, three roles sharing one backbone) and the advantage (LoGo-GRPO) differ from the
+tool-use program.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from ml_collections import ConfigDict
 
 from toolverse_jax.envs import Catalog, EnvPool
 from toolverse_jax.memory import rollout as mr
@@ -28,38 +23,12 @@ from toolverse_jax.memory.data import generate_conversations, load_locomo
 from toolverse_jax.memory.logo import logo_advantages, trajectory_rows
 from toolverse_jax.memory.roles import ROLES, check_roles
 from toolverse_jax.models import load_tokenizer
-from toolverse_jax.rl.checkpoint import RunCheckpointer
-from toolverse_jax.rl.loop import MetricsLog, build_model, phase_optimizers, plot_curve
+from toolverse_jax.rl.batching import pad_rows
+from toolverse_jax.rl.driver import PROGRAMS
 from toolverse_jax.rl.rollout import SamplerPolicy
-from toolverse_jax.rl.trainer import (LossConfig, TrainBatch, init_train_state,
-                                      make_train_step, pack_rows, score_jit)
-from toolverse_jax.sampling import SamplingParams
-from toolverse_jax.sharding import batch_sharding, make_mesh, shard_params, sharding_context
-
-
-def rollout_config(config: ConfigDict) -> mr.MemoryRolloutConfig:
-    m = config.memory
-    return mr.MemoryRolloutConfig(max_facts=m.max_facts, manager_k=m.manager_k,
-                                  answer_k=m.answer_k, max_ops=m.max_ops, qa_metric=m.qa_metric,
-                                  comp_coef=m.comp_coef, comp_theta=m.comp_theta)
-
-
-def loss_config(config: ConfigDict, name: str) -> LossConfig:
-    r = config.rl
-    return LossConfig(name=name, clip_eps_low=r.clip_eps_low, clip_eps_high=r.clip_eps_high,
-                      kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, tis_cap=r.tis_cap,
-                      aggregation=r.aggregation,
-                      temperature=config.memory.temperature if name != "sft" else 1.0)
-
-
-def pad_rows(rows: list[dict], pad_id: int, multiple: int) -> list[dict]:
-    """Returns rows padded with empty (all-masked) rows to a power of two (>= multiple), so the
-    train step compiles for a handful of batch shapes only."""
-    n = max(len(rows), multiple)
-    target = max(1 << (n - 1).bit_length(), multiple)
-    blank = {"tokens": [pad_id, pad_id], "policy_mask": [False, False],
-             "advantages": np.zeros(2, np.float32), "sample_logprobs": np.zeros(2, np.float32)}
-    return rows + [blank] * (target - len(rows))
+from toolverse_jax.rl.spec import PhaseSpec, RunSpec, sampling_params
+from toolverse_jax.rl.tool_use import build_model
+from toolverse_jax.rl.types import Row
 
 
 def qa_metrics(trajs, prefix: str) -> dict[str, float]:
@@ -85,207 +54,159 @@ def qa_metrics(trajs, prefix: str) -> dict[str, float]:
     return out
 
 
-def run_memory_training(config: ConfigDict, workdir: str) -> dict:
-    """Runs (or resumes) Memory-R2 training; returns the final summary dict."""
-    os.makedirs(workdir, exist_ok=True)
-    roles = check_roles(tuple(config.memory.roles))
-    tokenizer = load_tokenizer(config.model.tokenizer)
-    cfg, params0 = build_model(config, tokenizer)
-    mesh = make_mesh(tuple(config.mesh.shape))
-    mcfg = rollout_config(config)
-    stop_ids = tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"]))
+class MemoryProgram:
+    """The Memory-R2 method for `rl.driver` (single process)."""
 
-    def policies(params, temperature: float) -> dict:
-        return {r: SamplerPolicy(params, cfg, SamplingParams(
-            max_new_tokens=config.memory.max_new_tokens[r], temperature=temperature,
-            top_p=config.memory.top_p if temperature > 0 else 1.0, top_k=0,
-            stop_token_ids=stop_ids, pad_id=tokenizer.pad_id)) for r in ROLES}
+    def __init__(self, spec: RunSpec, workdir: str, nproc: int):
+        del workdir
+        if nproc > 1:
+            raise ValueError("Memory-R2 training runs on one process (multi-host is the "
+                             "tool-use program's); unset config.distributed / TOOLVERSE_*")
+        ms = spec.memory
+        self.ms, self.seed, self.sft_steps = ms, spec.seed, spec.sft.steps
+        self.total = spec.schedule.total
+        self.roles = check_roles(ms.roles)
+        self.tokenizer = load_tokenizer(spec.model.tokenizer)
+        self.cfg, self.params0 = build_model(spec.model, spec.seed, self.tokenizer)
+        self.pad_id = self.tokenizer.pad_id
+        self.num_micro = spec.num_micro
+        self.score_reference = spec.rl.loss.kl_coef > 0
+        self.checkpoint_meta = {"method": "memory_r2"}
+        self.env_spec = spec.env
+        self.eval_sets = {s: generate_conversations(ms.eval_num_convs, s, ms.eval_seed,
+                                                    ms.max_questions)
+                          for s in sorted(set(ms.eval_horizons) | set(ms.stages))}
+        self.locomo = (load_locomo(ms.locomo_path, ms.locomo_limit or None)
+                       if ms.locomo_path else [])
+        self.curriculum = Curriculum(ms.stages, ms.threshold, ms.min_evals)
 
-    d, lg = config.data, config.logo
-    eval_sets = {s: generate_conversations(config.eval.num_convs, s, d.eval_seed, d.max_questions)
-                 for s in sorted(set(config.eval.horizons) | set(config.curriculum.stages))}
-    locomo = load_locomo(d.locomo_path, d.locomo_limit or None) if d.locomo_path else []
-    sft_steps, rl_steps = config.sft.steps, config.rl.steps
-    total = sft_steps + rl_steps
-    sft_opt, rl_opt = phase_optimizers(config)
-    num_micro = config.train.num_micro
-    curriculum = Curriculum(tuple(config.curriculum.stages), config.curriculum.threshold,
-                            config.curriculum.min_evals)
+    def policies(self, params, temperature: float) -> dict:
+        """Returns one sampler per role (its own max_new_tokens) on the shared params."""
+        return {r: SamplerPolicy(params, self.cfg, sampling_params(
+            self.tokenizer, self.ms.max_new_tokens[r], temperature, self.ms.top_p))
+            for r in ROLES}
 
-    with sharding_context(mesh):
-        params0 = shard_params(params0, cfg, mesh)
-        state = init_train_state(params0, sft_opt if sft_steps else rl_opt)
-        ref_params = None
-        ckpt = RunCheckpointer(workdir, keep=config.train.keep_checkpoints)
-        expect = {"model_config": dataclasses.asdict(cfg), "sft_steps": sft_steps,
-                  "seed": config.seed, "method": "memory_r2"}
-        start, latest = 0, ckpt.latest_step()
-        if latest is not None:
-            if latest > sft_steps or sft_steps == 0:
-                state = init_train_state(state.params, rl_opt)
-            state, ref_params, meta = ckpt.restore(
-                latest, state, params0, expect,
-                defaults={"model_config": dataclasses.asdict(type(cfg)())})
-            start = meta["global_step"]
-            curriculum = Curriculum.from_json(meta["curriculum"], config.curriculum.stages)
-            print(f"resumed from {ckpt.directory}/{latest} at step {start}, curriculum stage "
-                  f"{curriculum.stage} ({curriculum.num_sessions} sessions)", flush=True)
-        log = MetricsLog(workdir, start if latest is not None else None)
-        sft_step_fn = make_train_step(cfg, loss_config(config, "sft"), sft_opt, num_micro)
-        rl_step_fn = make_train_step(cfg, loss_config(config, config.rl.loss), rl_opt, num_micro)
-        catalog = Catalog.default(kinds=("builtin",), include_hidden=True)
+    def phase(self, spec: PhaseSpec):
+        return _MemorySFT(spec, self) if spec.name == "sft" else _MemoryRL(spec, self)
 
-        def shard_batch(batch: TrainBatch) -> TrainBatch:
-            return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim)), batch)
+    def env_pool(self):
+        return EnvPool(Catalog.default(kinds=("builtin",), include_hidden=True),
+                       **self.env_spec.pool_kwargs())
 
-        def evaluate(params, pool, step: int) -> dict:
-            t0 = time.time()
-            greedy = mr.ModelActor(policies(params, 0.0))
-            m = {}
-            for s, convs in eval_sets.items():
-                if s not in config.eval.horizons and s != curriculum.num_sessions:
-                    continue
-                trajs, _ = mr.rollout_conversations(greedy, convs, 1, pool, tokenizer, mcfg,
-                                                    jax.random.key(0), seed=0)
-                for k, v in qa_metrics(trajs, "eval").items():
-                    m[f"{k}_{s}"] = v
-            if locomo:
-                trajs, _ = mr.rollout_conversations(greedy, locomo, 1, pool, tokenizer, mcfg,
-                                                    jax.random.key(0), seed=0)
-                m.update({k.replace("eval/", "eval_locomo/"): v
-                          for k, v in qa_metrics(trajs, "eval").items()})
-            acc = m.get(f"eval/qa_em_{curriculum.num_sessions}", 0.0)
-            m["eval/success_rate"] = acc
-            m["curriculum/advanced"] = float(curriculum.observe(step, acc)) \
-                if step > sft_steps else 0.0
-            m["eval/time_s"] = time.time() - t0
-            return m
+    def evaluate(self, params, pool, done: int) -> dict:
+        t0 = time.time()
+        greedy = mr.ModelActor(self.policies(params, 0.0))
+        m, cur = {}, self.curriculum
+        for s, convs in self.eval_sets.items():
+            if s not in self.ms.eval_horizons and s != cur.num_sessions:
+                continue
+            trajs, _ = mr.rollout_conversations(greedy, convs, 1, pool, self.tokenizer,
+                                                self.ms.rollout, jax.random.key(0), seed=0)
+            for k, v in qa_metrics(trajs, "eval").items():
+                m[f"{k}_{s}"] = v
+        if self.locomo:
+            trajs, _ = mr.rollout_conversations(greedy, self.locomo, 1, pool, self.tokenizer,
+                                                self.ms.rollout, jax.random.key(0), seed=0)
+            m.update({k.replace("eval/", "eval_locomo/"): v
+                      for k, v in qa_metrics(trajs, "eval").items()})
+        acc = m.get(f"eval/qa_em_{cur.num_sessions}", 0.0)
+        m["eval/success_rate"] = acc
+        m["curriculum/advanced"] = float(cur.observe(done, acc)) if done > self.sft_steps \
+            else 0.0
+        m["curriculum/stage"] = float(cur.stage)
+        m["eval/time_s"] = time.time() - t0
+        return m
 
-        def sft_rows(step: int, pool) -> list[dict]:
-            convs = generate_conversations(config.sft.convs_per_step, config.sft.num_sessions,
-                                           d.train_seed * 7919 + step, d.max_questions)
-            trajs, _ = mr.rollout_conversations(mr.GoldActor(tokenizer), convs, 1, pool,
-                                                tokenizer, mcfg, jax.random.key(step))
-            rows = trajectory_rows(trajs, [1.0] * len(trajs), roles)
-            rng = np.random.default_rng([config.seed, step])
-            if len(rows) > config.sft.rows_per_step:
-                rows = [rows[i] for i in sorted(rng.choice(len(rows), config.sft.rows_per_step,
-                                                           replace=False))]
-            return rows
+    def state_meta(self) -> dict:
+        return {"curriculum": self.curriculum.to_json()}
 
-        def rl_rows(step: int, params, pool) -> tuple[list[dict], dict]:
-            t0 = time.time()
-            s_now = curriculum.num_sessions
-            convs = generate_conversations(config.rl.convs_per_step, s_now,
-                                           d.train_seed * 1_000_003 + step + 1, d.max_questions)
-            g = config.rl.group_size
-            rng = np.random.default_rng([config.seed, step, 17])
-            plan = mr.plan_locals(convs, g, lg.local_fraction, rng) if lg.local_coef > 0 else []
-            key = jax.random.fold_in(jax.random.key(config.seed), step)
-            k1, k2 = jax.random.split(key)
-            actor = mr.ModelActor(policies(params, config.memory.temperature))
-            trajs, snaps = mr.rollout_conversations(
-                actor, convs, g, pool, tokenizer, mcfg, k1, seed=0,
-                snapshot_at=[(r, s) for _, r, s in plan])
-            t_global = time.time() - t0
-            local = mr.rollout_local(actor, mr.ModelActor(policies(params, 0.0)), convs, plan,
-                                     snaps, lg.inner_n, pool, tokenizer, mcfg, k2, seed=0,
-                                     group_offset=len(convs)) if plan else []
-            a_g, a_l = logo_advantages(
-                [t.reward for t in trajs], [t.group_id for t in trajs],
-                [not t.infra_failed for t in trajs], [t.reward for t in local],
-                [t.group_id for t in local], [not t.infra_failed for t in local],
-                lg.local_coef, config.rl.adv_eps)
-            rows = trajectory_rows(trajs, a_g, roles) + trajectory_rows(local, a_l, roles, True)
-            n_all = len(rows)
-            # Rows with advantage 0 carry no gradient; dropping them only changes the token-mean
-            # normalizer, and saves most of the update's compute when groups agree.
-            rows = [r for r in rows if np.any(np.abs(r["advantages"]) > 1e-8)]
-            m = qa_metrics(trajs, "rollout")
-            m["rollout/success_rate"] = m.get("rollout/qa_em", 0.0)
-            if local:
-                lm = qa_metrics(local, "local")
-                m.update({k: v for k, v in lm.items() if k in ("local/qa_em", "local/reward")})
-                m["local/groups"] = float(len(plan))
-                m["local/nonzero_frac"] = float(np.mean(np.abs(a_l) > 1e-8))
-            m["global/nonzero_frac"] = float(np.mean(np.abs(a_g) > 1e-8))
-            m["rollout/rows"] = float(n_all)
-            m["rollout/rows_trained"] = float(len(rows))
-            m["curriculum/sessions"] = float(s_now)
-            m["time/rollout_global_s"] = t_global
-            m["time/rollout_s"] = time.time() - t0
-            return rows, m
+    def load_state_meta(self, meta: dict) -> None:
+        self.curriculum = Curriculum.from_json(meta["curriculum"], self.ms.stages)
+        print(f"curriculum stage {self.curriculum.stage} "
+              f"({self.curriculum.num_sessions} sessions)", flush=True)
 
-        pbar = None
-        if config.train.progress:
-            from tqdm import tqdm
-            pbar = tqdm(total=total, initial=start, desc="memory_r2", dynamic_ncols=True)
-        with EnvPool(catalog, num_workers=config.env.num_workers,
-                     call_timeout_s=config.env.call_timeout_s) as pool:
-            if start == 0 and config.train.eval_every > 0:
-                log.write(0, {**evaluate(state.params, pool, 0), "phase": "init",
-                              "curriculum/sessions": float(curriculum.num_sessions)})
-            for step in range(start, total):
-                t0 = time.time()
-                if step < sft_steps:
-                    rows = sft_rows(step, pool)
-                    batch = shard_batch(pack_rows(pad_rows(rows, tokenizer.pad_id, num_micro),
-                                                  tokenizer.pad_id, num_micro))
-                    state, m = sft_step_fn(state, batch)
-                    metrics = {k: float(v) for k, v in jax.device_get(m).items()}
-                    metrics["phase"] = "sft"
-                else:
-                    if step == sft_steps:
-                        # The warm-started policy is the frozen reference; RL's optimizer
-                        # starts fresh.
-                        state = init_train_state(state.params, rl_opt)
-                    if ref_params is None and config.rl.kl_coef > 0:
-                        ref_params = jax.tree.map(jnp.copy, state.params)
-                    rows, metrics = rl_rows(step, state.params, pool)
-                    metrics["phase"] = "rl"
-                    if rows:
-                        t1 = time.time()
-                        batch = shard_batch(pack_rows(pad_rows(rows, tokenizer.pad_id, num_micro),
-                                                      tokenizer.pad_id, num_micro))
-                        old_lp, _ = score_jit(state.params, batch, cfg=cfg,
-                                              temperature=config.memory.temperature)
-                        ref_lp = old_lp
-                        if ref_params is not None:
-                            ref_lp, _ = score_jit(ref_params, batch, cfg=cfg,
-                                                  temperature=config.memory.temperature)
-                        batch = batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp)
-                        state, m = rl_step_fn(state, batch)
-                        metrics.update({k: float(v) for k, v in jax.device_get(m).items()})
-                        metrics["time/update_s"] = time.time() - t1
-                done = step + 1
-                last = done == total
-                rl_done = done - sft_steps
-                if config.train.eval_every > 0 and (
-                        last or done == sft_steps or
-                        (rl_done > 0 and rl_done % config.train.eval_every == 0)):
-                    metrics.update(evaluate(state.params, pool, done))
-                metrics["curriculum/stage"] = float(curriculum.stage)
-                metrics["time/step_s"] = time.time() - t0
-                log.write(done, metrics)
-                if last or done % config.train.checkpoint_every == 0 or done == sft_steps:
-                    ckpt.save(done, state, ref_params,
-                              {**expect, "global_step": done, "has_ref": ref_params is not None,
-                               "curriculum": curriculum.to_json()})
-                if pbar is not None:
-                    pbar.update(1)
-                    pbar.set_postfix({k.split("/")[-1]: round(v, 3) for k, v in metrics.items()
-                                      if k in ("loss", "rollout/qa_em", "eval/success_rate")})
-        if pbar is not None:
-            pbar.close()
-        records = log.records()
-        log.close()
-        ckpt.close()
-    plot_curve(records, os.path.join(workdir, "learning_curve.png"))
-    curves = {s: [(r["step"], r[f"eval/qa_em_{s}"]) for r in records if f"eval/qa_em_{s}" in r]
-              for s in eval_sets}
-    summary = {"final_step": total, "qa_em_curves": {str(s): c for s, c in curves.items() if c},
-               "final_qa_em": {str(s): c[-1][1] for s, c in curves.items() if c},
-               "curriculum": curriculum.to_json(), "local_coef": lg.local_coef}
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    return summary
+    def summary(self, records: list[dict], workdir: str) -> dict:
+        curves = {s: [(r["step"], r[f"eval/qa_em_{s}"]) for r in records
+                      if f"eval/qa_em_{s}" in r] for s in self.eval_sets}
+        return {"final_step": self.total,
+                "qa_em_curves": {str(s): c for s, c in curves.items() if c},
+                "final_qa_em": {str(s): c[-1][1] for s, c in curves.items() if c},
+                "curriculum": self.curriculum.to_json(), "local_coef": self.ms.local_coef}
+
+
+class _MemorySFT:
+    """Gold memory operations of fresh conversations (all trained roles), a sampled subset."""
+
+    def __init__(self, spec: PhaseSpec, prog: MemoryProgram):
+        self.spec, self.prog = spec, prog
+
+    def rows(self, step: int, params, ref_params, pool) -> tuple[list[Row], dict]:
+        p, ms = self.prog, self.prog.ms
+        convs = generate_conversations(ms.sft_convs_per_step, ms.sft_num_sessions,
+                                       ms.train_seed * 7919 + step, ms.max_questions)
+        trajs, _ = mr.rollout_conversations(mr.GoldActor(p.tokenizer), convs, 1, pool,
+                                            p.tokenizer, ms.rollout, jax.random.key(step))
+        rows = trajectory_rows(trajs, [1.0] * len(trajs), p.roles)
+        rng = np.random.default_rng([p.seed, step])
+        if len(rows) > ms.sft_rows_per_step:
+            rows = [rows[i] for i in sorted(rng.choice(len(rows), ms.sft_rows_per_step,
+                                                       replace=False))]
+        return pad_rows(rows, p.pad_id, p.num_micro), {
+            "curriculum/stage": float(p.curriculum.stage)}
+
+
+class _MemoryRL:
+    """LoGo-GRPO: G global rollouts per conversation at the curriculum's horizon, plus local
+    groups re-rolling sessions from snapshotted banks."""
+
+    def __init__(self, spec: PhaseSpec, prog: MemoryProgram):
+        self.spec, self.prog = spec, prog
+
+    def rows(self, step: int, params, ref_params, pool) -> tuple[list[Row], dict]:
+        p, ms = self.prog, self.prog.ms
+        gstep = p.sft_steps + step
+        t0 = time.time()
+        s_now = p.curriculum.num_sessions
+        convs = generate_conversations(ms.rl_convs_per_step, s_now,
+                                       ms.train_seed * 1_000_003 + gstep + 1, ms.max_questions)
+        rng = np.random.default_rng([self.spec.seed, gstep, 17])
+        plan = (mr.plan_locals(convs, ms.group_size, ms.local_fraction, rng)
+                if ms.local_coef > 0 else [])
+        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.key(self.spec.seed), gstep))
+        actor = mr.ModelActor(p.policies(params, ms.temperature))
+        trajs, snaps = mr.rollout_conversations(
+            actor, convs, ms.group_size, pool, p.tokenizer, ms.rollout, k1, seed=0,
+            snapshot_at=[(r, s) for _, r, s in plan])
+        t_global = time.time() - t0
+        local = mr.rollout_local(actor, mr.ModelActor(p.policies(params, 0.0)), convs, plan,
+                                 snaps, ms.inner_n, pool, p.tokenizer, ms.rollout, k2, seed=0,
+                                 group_offset=len(convs)) if plan else []
+        a_g, a_l = logo_advantages(
+            [t.reward for t in trajs], [t.group_id for t in trajs],
+            [not t.infra_failed for t in trajs], [t.reward for t in local],
+            [t.group_id for t in local], [not t.infra_failed for t in local],
+            ms.local_coef, ms.adv_eps)
+        rows = (trajectory_rows(trajs, a_g, p.roles)
+                + trajectory_rows(local, a_l, p.roles, True))
+        n_all = len(rows)
+        # Rows with advantage 0 carry no gradient; dropping them only changes the token-mean
+        # normalizer, and saves most of the update's compute when groups agree.
+        rows = [r for r in rows if r.has_signal]
+        m = qa_metrics(trajs, "rollout")
+        m["rollout/success_rate"] = m.get("rollout/qa_em", 0.0)
+        if local:
+            lm = qa_metrics(local, "local")
+            m.update({k: v for k, v in lm.items() if k in ("local/qa_em", "local/reward")})
+            m["local/groups"] = float(len(plan))
+            m["local/nonzero_frac"] = float(np.mean(np.abs(a_l) > 1e-8))
+        m["global/nonzero_frac"] = float(np.mean(np.abs(a_g) > 1e-8))
+        m["rollout/rows"] = float(n_all)
+        m["rollout/rows_trained"] = float(len(rows))
+        m["curriculum/sessions"] = float(s_now)
+        m["curriculum/stage"] = float(p.curriculum.stage)
+        m["time/rollout_global_s"] = t_global
+        m["time/rollout_s"] = time.time() - t0
+        return (pad_rows(rows, p.pad_id, p.num_micro) if rows else []), m
+
+
+PROGRAMS.register("memory_r2", MemoryProgram)

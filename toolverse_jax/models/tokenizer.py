@@ -452,7 +452,7 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
         return gguf_import.load_gguf_tokenizer(name_or_path)
     if name_or_path == "trained":
         raise ValueError(
-            "tokenizer 'trained' is built by the training run from its tasks (rl/loop.py "
+            "tokenizer 'trained' is built by the training run from its tasks (rl/tool_use.py "
             "build_tokenizer); elsewhere pass the directory it saved, WORKDIR/tokenizer")
     raise ValueError(
         f"unknown tokenizer {name_or_path!r}: use 'byte', 'qwen3', or a directory holding a "

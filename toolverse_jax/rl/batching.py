@@ -1,4 +1,9 @@
-"""Trajectories -> per-token advantages -> training rows (the join of rollouts and estimators)."""
+"""Trajectories -> per-turn advantages -> `Row`s -> a padded (global) `TrainBatch`.
+
+The join of rollouts and estimators, and the packing every phase (SFT demonstrations, RL
+rollouts, Memory-R2 role calls) shares: `pack_rows` builds one process's [B, L] batch and
+`global_batch` assembles the mesh-sharded batch of all processes from it.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,12 @@ from typing import Any, Sequence
 
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from toolverse_jax.rl.registry import AdvantageInputs, get_advantage
-from toolverse_jax.rl.rollout import Trajectory
+from toolverse_jax.rl.types import Row, TrainBatch, Trajectory
+from toolverse_jax.sampling import bucket_length
+from toolverse_jax.sharding import distributed
 
 
 def turn_arrays(trajs: Sequence[Trajectory], num_turns: int
@@ -60,15 +68,14 @@ def compute_advantages(trajs: Sequence[Trajectory], estimator: str, consts: dict
     return np.asarray(fn(advantage_inputs(trajs, num_turns, readiness), consts))
 
 
-def demonstration_row(tokens: Sequence[int], policy_mask: Sequence[bool]) -> dict:
+def demonstration_row(tokens: Sequence[int], policy_mask: Sequence[bool]) -> Row:
     """Returns an SFT training row: advantage 1 on every token (the loss masks non-policy
     ones) and no sampler log-probs (the SFT loss reads none)."""
-    return {"tokens": list(tokens), "policy_mask": list(policy_mask),
-            "advantages": np.ones(len(tokens), np.float32),
-            "sample_logprobs": np.zeros(len(tokens), np.float32)}
+    return Row(list(tokens), list(policy_mask), np.ones(len(tokens), np.float32),
+               np.zeros(len(tokens), np.float32))
 
 
-def trajectory_rows(trajs: Sequence[Trajectory], turn_adv: np.ndarray) -> list[dict]:
+def trajectory_rows(trajs: Sequence[Trajectory], turn_adv: np.ndarray) -> list[Row]:
     """Returns training rows (tokens, policy_mask, advantages, sample_logprobs) per trajectory;
     infrastructure failures are dropped (they carry no learning signal, only a counted metric)."""
     rows = []
@@ -77,6 +84,53 @@ def trajectory_rows(trajs: Sequence[Trajectory], turn_adv: np.ndarray) -> list[d
             continue
         tt = np.asarray(tr.token_turn)
         adv = np.where(tt >= 0, turn_adv[i, np.clip(tt, 0, turn_adv.shape[1] - 1)], 0.0)
-        rows.append({"tokens": tr.tokens, "policy_mask": tr.policy_mask,
-                     "advantages": adv.astype(np.float32), "sample_logprobs": tr.sample_logprobs})
+        rows.append(Row(tr.tokens, tr.policy_mask, adv.astype(np.float32),
+                        np.asarray(tr.sample_logprobs, np.float32)))
     return rows
+
+
+def pad_rows(rows: Sequence[Row], pad_id: int, multiple: int = 1) -> list[Row]:
+    """Returns `rows` padded with blank rows to a power of two (>= multiple), so a phase whose
+    row count varies step to step compiles the train step for a handful of shapes only."""
+    n = max(len(rows), multiple)
+    target = max(1 << (n - 1).bit_length(), multiple)
+    return list(rows) + [Row.blank(pad_id)] * (target - len(rows))
+
+
+def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
+              min_bucket: int = 64) -> TrainBatch:
+    """Returns a TrainBatch [B, L] (numpy) from rows; B is padded to a multiple of num_micro
+    (padding rows have an all-zero mask) and L to a length bucket. targets[t] = tokens[t + 1]:
+    every per-token field of a row is shifted the same way."""
+    if not rows:
+        raise ValueError("pack_rows needs at least one row")
+    length = bucket_length(max(len(r.tokens) - 1 for r in rows), min_bucket)
+    b = -(-len(rows) // num_micro) * num_micro
+    out = {k: np.zeros((b, length), np.float32) for k in
+           ("loss_mask", "advantages", "sample_logprobs")}
+    tokens = np.full((b, length), pad_id, np.int32)
+    targets = np.full((b, length), pad_id, np.int32)
+    seg = np.zeros((b, length), np.int32)
+    pos = np.zeros((b, length), np.int32)
+    for i, r in enumerate(rows):
+        t = np.asarray(r.tokens, np.int32)
+        n = len(t) - 1
+        tokens[i, :n], targets[i, :n] = t[:-1], t[1:]
+        seg[i, :n] = 1
+        pos[i, :n] = np.arange(n)
+        out["loss_mask"][i, :n] = np.asarray(r.policy_mask[1:], np.float32)
+        out["advantages"][i, :n] = np.asarray(r.advantages[1:], np.float32)
+        out["sample_logprobs"][i, :n] = np.asarray(r.sample_logprobs[1:], np.float32)
+    zeros = np.zeros((b, length), np.float32)
+    return TrainBatch(tokens, targets, seg, pos, out["loss_mask"], out["advantages"],
+                      out["sample_logprobs"], zeros, zeros)
+
+
+def global_batch(rows: Sequence[Row], pad_id: int, mesh: Mesh, num_micro: int = 1
+                 ) -> TrainBatch:
+    """Returns the global TrainBatch [sum of rows, L] on `mesh` from this process's rows (a
+    process with none contributes one blank row); all processes agree on L (the max bucket)
+    and pad to the same row count (zero-mask rows)."""
+    local = pack_rows(list(rows) or [Row.blank(pad_id)], pad_id, num_micro)
+    return distributed.global_arrays(local, mesh, num_micro,
+                                     fills={"tokens": pad_id, "targets": pad_id})

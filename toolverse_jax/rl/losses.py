@@ -6,26 +6,13 @@ aggregated over `batch.loss_mask` (token-mean by default, or sequence-mean)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from toolverse_jax.registry import Registry
-
-
-class TrainBatch(NamedTuple):
-    """Padded, right-aligned training rows. All [B, L]; targets[t] = tokens[t + 1]."""
-
-    tokens: jax.Array          # int32 input ids
-    targets: jax.Array         # int32 next-token ids
-    segment_ids: jax.Array     # int32, 1 = real token, 0 = padding
-    positions: jax.Array       # int32 RoPE positions
-    loss_mask: jax.Array       # float32, 1 where the target is a policy-produced token
-    advantages: jax.Array      # float32 per-token advantage
-    sample_logprobs: jax.Array  # float32 log-prob of the target under the sampler
-    old_logprobs: jax.Array    # float32 log-prob under the trainer's params before the update
-    ref_logprobs: jax.Array    # float32 log-prob under the frozen reference
+from toolverse_jax.rl.types import TrainBatch
 
 
 LOSSES: Registry[Callable] = Registry("policy loss", plural="policy losses",

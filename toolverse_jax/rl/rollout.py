@@ -22,6 +22,7 @@ from toolverse_jax.models.toolcall import parse_tool_calls_lenient
 from toolverse_jax.sampling import SampleOutput, SamplingParams, generate
 from toolverse_jax.tasks import Task
 from toolverse_jax.tasks.task import values_equal
+from toolverse_jax.rl.types import Trajectory, Turn
 
 DEFAULT_SYSTEM = ("Use the tools. Finish with <answer>...</answer>.")
 
@@ -65,38 +66,6 @@ class RolloutConfig:
     arg_match_bonus: float = 0.0
 
 
-TURN_KINDS = ("calls", "answer", "truncated")
-
-
-@dataclasses.dataclass
-class Turn:
-    """One assistant turn of a rollout: what the policy emitted and what came back.
-
-    kind: "calls" (tool calls, possibly unparseable ones: `statuses` then holds
-    "invalid_call"), "answer" (the final answer, no calls) or "truncated" (cut at
-    max_new_tokens; ends the rollout). Every kind is a turn of the loss: its tokens carry the
-    rollout's outcome advantage plus the estimator's turn-level terms.
-    gold_match: TARA's r_{i,t}, 1.0 when the calls cover turn t's gold stage (for the answer
-    turn the batching layer uses the rollout's outcome reward instead).
-    arg_match: the fraction of the gold stage's (call, argument) values the calls reproduce
-    (`arg_overlap`), the partial credit behind RolloutConfig.arg_match_bonus.
-    state_key: 31-bit hash of the environment state the turn acted from (the set of calls
-    executed before this turn with their observations; DESIGN §5's GiGPO anchor state).
-    Rollouts of one group start from the same seeded state, so equal keys mean equal states.
-    """
-
-    kind: str
-    calls: list[dict] = dataclasses.field(default_factory=list)
-    statuses: list[str] = dataclasses.field(default_factory=list)
-    gold_match: float = 0.0
-    state_key: int = 0
-    arg_match: float = 0.0
-
-    def __post_init__(self):
-        if self.kind not in TURN_KINDS:
-            raise ValueError(f"Turn.kind={self.kind!r}; use one of {TURN_KINDS}")
-
-
 def state_key(executed: set[str] | Sequence[str]) -> int:
     """Returns a 31-bit key of the environment state reached by `executed` (canonical JSON of
     each executed call with its status and observation): order free, so two rollouts that made
@@ -106,57 +75,6 @@ def state_key(executed: set[str] | Sequence[str]) -> int:
         h.update(part.encode())
         h.update(b"\x00")
     return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
-
-
-@dataclasses.dataclass
-class Trajectory:
-    """One rollout. tokens/policy_mask/sample_logprobs/token_turn are aligned, length = len(tokens).
-    token_turn: index into `turns` of each policy token, -1 elsewhere. `turns` is the one
-    per-turn record (calls, statuses, gold match, state key); the views below derive from it."""
-
-    task_id: str
-    group_id: int
-    tokens: list[int]
-    policy_mask: list[bool]
-    sample_logprobs: list[float]
-    token_turn: list[int]
-    prompt_len: int
-    turns: list[Turn] = dataclasses.field(default_factory=list)
-    final_answer: str | None = None
-    finished: bool = False           # ended by an answer (not by turn/length limits)
-    success: bool = False
-    reward: float = 0.0
-    infra_failed: bool = False       # a server crashed: excluded from group statistics
-    end_reason: str = ""
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.turns)
-
-    @property
-    def tool_turns(self) -> list[Turn]:
-        """Turns that are not the final answer (calls and a truncated last turn)."""
-        return [t for t in self.turns if t.kind != "answer"]
-
-    @property
-    def num_call_turns(self) -> int:
-        """Returns the number of turns whose calls reached the environment (TRACE's n)."""
-        return sum(t.kind == "calls" for t in self.turns)
-
-    @property
-    def turn_calls(self) -> list[list[dict]]:
-        return [t.calls for t in self.tool_turns]
-
-    @property
-    def turn_statuses(self) -> list[list[str]]:
-        return [t.statuses for t in self.tool_turns]
-
-    @property
-    def final_turn_is_answer(self) -> bool:
-        return bool(self.turns) and self.turns[-1].kind == "answer"
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def shaped_reward(tr: "Trajectory", cfg: RolloutConfig) -> float:

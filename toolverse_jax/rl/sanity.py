@@ -1,7 +1,7 @@
 """RL sanity tasks through the real stack: a contextual bandit and a multi-turn credit task.
 
 Both run on the built-in `buttons` MCP server (envs/builtin/buttons.py; four buttons, each
-showing a per-episode one-digit code) through the same pieces as `rl.loop.run_training`'s RL
+showing a per-episode one-digit code) through the same pieces as `rl.driver`'s RL
 phase: `EnvPool` (a worker process talking MCP over stdio to the server process),
 `run_rollouts` with `SamplerPolicy` (the jitted KV-cache sampler), `compute_advantages` from the
 estimator registry, `trajectory_rows`, and `ppo_update` (π_old scored by `score_jit`, then the
@@ -29,7 +29,7 @@ import functools
 import itertools
 import tempfile
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,16 +40,16 @@ from toolverse_jax.envs.builtin.buttons import COLORS
 from toolverse_jax.models import get_preset, init_params
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.models.tokenizer import ByteTokenizer, train_bpe_tokenizer
-from toolverse_jax.rl.batching import compute_advantages, demonstration_row, trajectory_rows
-from toolverse_jax.rl.loop import (advantage_metrics, advantage_stats, ppo_update,
-                                   rollout_metrics)
+from toolverse_jax.rl.batching import (compute_advantages, demonstration_row, global_batch,
+                                       trajectory_rows)
+from toolverse_jax.rl.metrics import advantage_metrics, advantage_stats, rollout_metrics
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
                                       run_rollouts)
 from toolverse_jax.rl.trace_scoring import readiness_for_trajectories
 from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
-                                      make_train_step)
+                                      make_train_step, ppo_update)
 from toolverse_jax.sampling import SamplingParams
-from toolverse_jax.sharding import distributed, make_mesh, shard_params, sharding_context
+from toolverse_jax.sharding import make_mesh, shard_params, sharding_context
 from toolverse_jax.tasks import GoldStep, Task
 
 SERVER = "buttons"
@@ -208,7 +208,7 @@ def gold_tasks(pool: EnvPool, kind: str, n: int, seed: int) -> list[Task]:
 
 def train_tokenizer(demos: Sequence[Task], tools: list[dict], rcfg: RolloutConfig,
                     vocab: int, path: str):
-    """Returns a byte-level BPE trained on the rendered demonstrations (as rl.loop does)."""
+    """Returns a byte-level BPE trained on the rendered demonstrations (as rl.tool_use does)."""
     byte = ByteTokenizer()
     texts = [byte.decode(gold_demonstration(t, tools, byte, rcfg)[0]) for t in demos]
     return train_bpe_tokenizer(texts, vocab, path)
@@ -260,7 +260,7 @@ def warm_start(scfg: SanityConfig, pool: EnvPool) -> WarmStart:
             if len(order) < scfg.sft_batch:
                 order += list(rng.permutation(len(rows)))
             idx, order = order[:scfg.sft_batch], order[scfg.sft_batch:]
-            batch = distributed.global_batch([rows[i] for i in idx], tok.pad_id, mesh, 1)
+            batch = global_batch([rows[i] for i in idx], tok.pad_id, mesh, 1)
             state, m = step(state, batch)
             losses.append(float(m["loss"]))
     return WarmStart(tok, cfg, state.params, losses, time.time() - t0)
@@ -303,7 +303,7 @@ def rl_step(scfg: SanityConfig, warm: WarmStart, state, step_fn, tasks: list[Tas
             pool: EnvPool, step: int, mesh) -> tuple[Any, dict, list]:
     """Returns (state, metrics, trajectories) after one RL step on `tasks`: rollouts of the
     current policy, advantages of the configured estimator (negated when flip_sign), one
-    `ppo_update` — the RL branch of rl.loop.run_training."""
+    `ppo_update` — the RL branch of rl.driver."""
     rcfg, tok, cfg = rollout_config(scfg.kind), warm.tokenizer, warm.cfg
     t0 = time.time()
     policy = SamplerPolicy(state.params, cfg, sampling_params(scfg, tok))
@@ -340,7 +340,7 @@ def rl_step(scfg: SanityConfig, warm: WarmStart, state, step_fn, tasks: list[Tas
 
 def rl_setup(scfg: SanityConfig, warm: WarmStart) -> tuple[Any, Any]:
     """Returns (train state on a copy of the warm-start params with a fresh RL optimizer, the
-    jitted PPO-clip step), as rl.loop does when its RL phase starts."""
+    jitted PPO-clip step), as rl.driver does when its RL phase starts."""
     loss = LossConfig(name="ppo_clip", clip_eps_low=scfg.clip_eps_low,
                       clip_eps_high=scfg.clip_eps_high, temperature=scfg.temperature)
     opt, step_fn = _step_fn(warm.cfg, loss, scfg.rl_lr, 1, max(scfg.rl_steps, 1), "constant")
@@ -384,9 +384,11 @@ def run_sanity(scfg: SanityConfig, warm: WarmStart | None = None) -> SanityResul
 
 
 def run_suite(base: SanityConfig, estimators: Sequence[str], seeds: Sequence[int],
-              flip: Sequence[str] = (), log=None) -> list[SanityResult]:
+              flip: Sequence[str] = (), log=None,
+              on_result: Callable[[list], None] | None = None) -> list[SanityResult]:
     """Returns one result per (seed, estimator), plus a flipped-sign run per (seed, name in
-    `flip`); runs of one seed share its warm start (a paired comparison) and one env pool."""
+    `flip`); runs of one seed share its warm start (a paired comparison) and one env pool.
+    `on_result(results_so_far)` is called after each run."""
     out = []
     with open_pool(base) as pool:
         for seed in seeds:
@@ -399,6 +401,8 @@ def run_suite(base: SanityConfig, estimators: Sequence[str], seeds: Sequence[int
                 scfg = dataclasses.replace(base, seed=seed, estimator=est, flip_sign=flipped)
                 res = train_rl(scfg, warm, pool)
                 out.append(res)
+                if on_result:
+                    on_result(list(out))
                 if log:
                     log(f"  {est}{' (flipped)' if flipped else ''}: initial "
                         f"{res.initial_success:.2f}, steps to {res.steps_to}, "

@@ -1,4 +1,4 @@
-"""Train state, optimizer, batch packing, reference scoring and the jitted train step.
+"""Train state, optimizer, reference scoring, the jitted train step and the PPO update over it.
 
 `train_step(state, batch) -> (state, metrics)` is one pure function (purejaxrl style): micro-
 batches are scanned with gradient accumulation inside the same jit, so the update is one
@@ -8,6 +8,7 @@ compiled program per batch shape.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -17,8 +18,9 @@ import optax
 
 from toolverse_jax.models import logprobs_of
 from toolverse_jax.models.config import ModelConfig
-from toolverse_jax.rl.losses import TrainBatch, get_loss
-from toolverse_jax.sampling import bucket_length
+from toolverse_jax.rl.batching import global_batch
+from toolverse_jax.rl.losses import get_loss
+from toolverse_jax.rl.types import Row, TrainBatch
 
 
 class TrainState(NamedTuple):
@@ -42,6 +44,9 @@ class LossConfig(NamedTuple):
     # pushed down less than a successful one's are pushed up: the tokens it shares with the
     # successes (call syntax, tool name) then drift less, the part that differs still moves.
     neg_adv_scale: float = 1.0
+    # Token log-prob kernel of the train step and its scoring (kernels.BACKENDS; "auto" =
+    # Pallas on GPU, chunked XLA elsewhere).
+    backend: str = "auto"
 
 
 def make_optimizer(lr: float, warmup_steps: int, total_steps: int, weight_decay: float = 0.0,
@@ -65,45 +70,18 @@ def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainSt
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
 
 
-def pack_rows(rows: Sequence[dict], pad_id: int, num_micro: int = 1,
-              min_bucket: int = 64) -> TrainBatch:
-    """Returns a TrainBatch [B, L] from rows with keys tokens, policy_mask, advantages (per
-    token) and sample_logprobs (per token); B is padded to a multiple of num_micro (padding rows
-    have an all-zero mask) and L to a length bucket."""
-    if not rows:
-        raise ValueError("pack_rows needs at least one row")
-    length = bucket_length(max(len(r["tokens"]) - 1 for r in rows), min_bucket)
-    b = -(-len(rows) // num_micro) * num_micro
-    out = {k: np.zeros((b, length), np.float32) for k in
-           ("loss_mask", "advantages", "sample_logprobs")}
-    tokens = np.full((b, length), pad_id, np.int32)
-    targets = np.full((b, length), pad_id, np.int32)
-    seg = np.zeros((b, length), np.int32)
-    pos = np.zeros((b, length), np.int32)
-    for i, r in enumerate(rows):
-        t = np.asarray(r["tokens"], np.int32)
-        n = len(t) - 1
-        tokens[i, :n], targets[i, :n] = t[:-1], t[1:]
-        seg[i, :n] = 1
-        pos[i, :n] = np.arange(n)
-        out["loss_mask"][i, :n] = np.asarray(r["policy_mask"][1:], np.float32)
-        out["advantages"][i, :n] = np.asarray(r["advantages"][1:], np.float32)
-        out["sample_logprobs"][i, :n] = np.asarray(r["sample_logprobs"][1:], np.float32)
-    zeros = np.zeros((b, length), np.float32)
-    return TrainBatch(tokens, targets, seg, pos, out["loss_mask"], out["advantages"],
-                      out["sample_logprobs"], zeros, zeros)
-
-
-def score_logprobs(params, cfg: ModelConfig, batch: TrainBatch, temperature: float = 1.0):
+def score_logprobs(params, cfg: ModelConfig, batch: TrainBatch, temperature: float = 1.0,
+                   backend: str = "auto"):
     """Returns (logprobs, entropy) [B, L] of the batch's targets under `params` (masked to 0)."""
     return logprobs_of(params, cfg, batch.tokens, batch.targets, batch.positions,
                        batch.segment_ids, mask=batch.segment_ids.astype(jnp.float32),
-                       temperature=temperature)
+                       temperature=temperature, backend=backend)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
-def score_jit(params, batch: TrainBatch, *, cfg: ModelConfig, temperature: float = 1.0):
-    return score_logprobs(params, cfg, batch, temperature)
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "backend"))
+def score_jit(params, batch: TrainBatch, *, cfg: ModelConfig, temperature: float = 1.0,
+              backend: str = "auto"):
+    return score_logprobs(params, cfg, batch, temperature, backend)
 
 
 def _split_micro(batch: TrainBatch, num_micro: int) -> TrainBatch:
@@ -117,7 +95,7 @@ def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
     loss_fn = get_loss(loss_cfg.name)
 
     def micro_loss(params, mb: TrainBatch):
-        lp, ent = score_logprobs(params, cfg, mb, loss_cfg.temperature)
+        lp, ent = score_logprobs(params, cfg, mb, loss_cfg.temperature, loss_cfg.backend)
         loss, metrics = loss_fn(lp, ent, mb, loss_cfg)
         return loss, metrics
 
@@ -148,3 +126,45 @@ def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
         return TrainState(state.step + 1, params, opt_state), out
 
     return jax.jit(step, donate_argnums=(0,))
+
+
+def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, num_micro: int,
+               pad_id: int, temperature: float, ref_params=None, epochs: int = 1,
+               num_minibatches: int = 1, rng: np.random.Generator | None = None,
+               backend: str = "auto"):
+    """Returns (state, metrics) after `epochs` passes over `rows` in `num_minibatches` shuffled
+    minibatches (PPO's reuse of one rollout batch). π_old (and the reference, when given) score
+    every minibatch once, before the first update, so the clip ratio of later passes is taken
+    against the policy that sampled. Metrics are the mean over updates; timings are summed."""
+    rng = rng or np.random.default_rng(0)
+    # Multi-host: every process splits its own rows; a process with none (all its episodes
+    # failed) contributes one loss-free row per minibatch.
+    order = rng.permutation(len(rows))
+    parts = [[rows[j] for j in order[k::num_minibatches]] for k in range(num_minibatches)]
+    t1 = time.time()
+    batches = []
+    for part in parts:
+        batch = global_batch(part, pad_id, mesh, num_micro)
+        old_lp, _ = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
+                              backend=backend)
+        ref_lp = old_lp if ref_params is None else score_jit(
+            ref_params, batch, cfg=cfg, temperature=temperature, backend=backend)[0]
+        batches.append(batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp))
+    jax.block_until_ready(batches)
+    t2 = time.time()
+    sums: dict[str, float] = {}
+    updates = 0
+    for _ in range(max(int(epochs), 1)):
+        for k in rng.permutation(len(batches)):
+            state, m = step_fn(state, batches[k])
+            for name, v in jax.device_get(m).items():
+                v = float(v)
+                sums[name] = (max(sums.get(name, v), v) if name.endswith("_max")
+                              else sums.get(name, 0.0) + v)
+            updates += 1
+    out = {k: v if k.endswith("_max") else v / updates for k, v in sums.items()}
+    if ref_params is None:
+        out.pop("kl", None)  # would be KL to the pre-update policy, not to the reference
+    out.update({"time/scoring_s": t2 - t1, "time/update_s": time.time() - t2,
+                "ppo/updates": float(updates)})
+    return state, out

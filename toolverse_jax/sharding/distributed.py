@@ -1,5 +1,5 @@
-"""Multi-host: `jax.distributed.initialize` from config/env, per-process batch slices, and
-assembling the global batch from each process's local rows.
+"""Multi-host: `jax.distributed.initialize` from config/env, per-process slices, and generic
+collectives (global max, gather, any, barrier, and global arrays from per-process local ones).
 
 Env vars win over `config.distributed`: TOOLVERSE_COORDINATOR (host:port),
 TOOLVERSE_NUM_PROCESSES, TOOLVERSE_PROCESS_ID. On CPU the collectives are gloo.
@@ -14,13 +14,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from toolverse_jax.rl.trainer import TrainBatch, pack_rows
 from toolverse_jax.sharding.mesh import batch_sharding
 
 
-def distributed_settings(config: Any = None) -> dict[str, Any] | None:
-    """Returns {coordinator_address, num_processes, process_id} or None for a single process."""
-    d = dict(config.get("distributed", {}) or {}) if config is not None else {}
+def distributed_settings(settings: Any = None) -> dict[str, Any] | None:
+    """Returns {coordinator_address, num_processes, process_id} or None for a single process,
+    from the env vars or else `settings` (a run config's `distributed` block, a mapping)."""
+    d = dict(settings or {})
     addr = os.environ.get("TOOLVERSE_COORDINATOR", d.get("coordinator_address", ""))
     n = int(os.environ.get("TOOLVERSE_NUM_PROCESSES", d.get("num_processes", 1) or 1))
     pid = int(os.environ.get("TOOLVERSE_PROCESS_ID", d.get("process_id", 0) or 0))
@@ -34,10 +34,10 @@ def distributed_settings(config: Any = None) -> dict[str, Any] | None:
     return {"coordinator_address": addr, "num_processes": n, "process_id": pid}
 
 
-def initialize(config: Any = None) -> int:
+def initialize(settings: Any = None) -> int:
     """Initializes jax.distributed when configured (call before any JAX computation); returns
     the process count. Idempotent."""
-    s = distributed_settings(config)
+    s = distributed_settings(settings)
     if s is None:
         return 1
     if jax.distributed.is_initialized():
@@ -92,24 +92,26 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def global_batch(rows: Sequence[dict], pad_id: int, mesh: Mesh, num_micro: int = 1) -> TrainBatch:
-    """Returns the global TrainBatch [sum of rows, L] on `mesh` from this process's rows; all
-    processes agree on L (the max bucket) and pad to the same row count (zero-mask rows)."""
-    local = pack_rows(rows, pad_id, num_micro)
-    length = _global_max(local.tokens.shape[1])
-    # Rows per process: a multiple of num_micro and of this process's share of the batch shards.
+def global_arrays(local: Any, mesh: Mesh, row_multiple: int = 1,
+                  fills: dict[str, Any] | None = None) -> Any:
+    """Returns global arrays on `mesh`, batch-sharded on their leading axis, from this process's
+    NamedTuple `local` of [rows, length] numpy arrays. All processes agree on the length (the
+    max over processes) and pad to the same row count, a multiple of `row_multiple` and of this
+    process's share of the batch shards; padding takes `fills[field]` (default 0)."""
+    fields = type(local)._fields
+    length = _global_max(max(x.shape[1] for x in local))
     spec = batch_sharding(mesh, 2).spec[0]
     axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
     shards = int(np.prod([mesh.shape[a] for a in axes]))
-    unit = num_micro * max(1, shards // jax.process_count())
-    nrows = -(-_global_max(local.tokens.shape[0]) // unit) * unit
+    unit = row_multiple * max(1, shards // jax.process_count())
+    nrows = -(-_global_max(max(x.shape[0] for x in local)) // unit) * unit
+    fills = fills or {}
 
     def pad(x, fill):
         return np.pad(np.asarray(x), ((0, nrows - x.shape[0]), (0, length - x.shape[1])),
                       constant_values=fill)
 
-    fills = {"tokens": pad_id, "targets": pad_id}
-    local = TrainBatch(*(pad(x, fills.get(f, 0)) for f, x in zip(TrainBatch._fields, local)))
+    local = type(local)(*(pad(x, fills.get(f, 0)) for f, x in zip(fields, local)))
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
         batch_sharding(mesh, x.ndim), x), local)
 
