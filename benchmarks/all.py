@@ -153,6 +153,11 @@ def headline(rec: dict) -> tuple[str, str, str]:
         return (f"{_fmt(r['pool_episodes_per_s'])} episodes/s through the MCP pool "
                 f"({_fmt(r['pool_ms_per_call'])} ms/call)",
                 f"in-process {_fmt(r['direct_episodes_per_s'])} episodes/s", _fmt(r["ratio"]))
+    if name == "rollout":
+        return (f"KV kept across turns: {_fmt(r['tokens_per_s']['kv'])} tok/s at horizon "
+                f"{r['horizon']} ({r['model']}), greedy equal {r['greedy_equal']}",
+                f"re-prefill every turn: {_fmt(r['tokens_per_s']['sync'])} tok/s",
+                _fmt(r["speedup_vs_sync"]))
     if name == "multihost":
         s, m = r["single_process"], r["two_processes"]
         return (f"2 processes (gloo): {_fmt(m['step_s'])} s/step, {_fmt(m['tokens_per_s'])} tok/s; "

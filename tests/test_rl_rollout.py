@@ -228,3 +228,24 @@ def test_arg_overlap_gives_partial_credit_per_value_and_bonus():
     assert arg_overlap([], [call("x")]) == 0.0
     t = Trajectory("t", 0, [], [], [], [], 0, turns=[Turn("calls", arg_match=0.5), Turn("answer")])
     assert shaped_reward(t, RolloutConfig(arg_match_bonus=0.4)) == pytest.approx(0.2)
+
+
+def test_sampler_policy_keeps_kv_across_turns_and_matches_reprefill(tasks):
+    """run_rollouts with the default SamplerPolicy (KV kept across turns) gives the greedy
+    trajectories of the re-prefilling sampler; multi-turn equality is tested on the session
+    itself (tests/test_sampling_session.py)."""
+    from toolverse_jax.models import get_preset, init_params
+    from toolverse_jax.rl.rollout import SamplerPolicy
+    from toolverse_jax.sampling import SamplingParams
+    cfg = get_preset("tiny")
+    params = init_params(cfg, jax.random.key(1))
+    sp = SamplingParams(max_new_tokens=24, temperature=0.0,
+                        stop_token_ids=tuple(TOK.stop_ids_for([END])), pad_id=TOK.pad_id)
+    rcfg = RolloutConfig(max_turns=3, max_context=4096, tool_format="minimal")
+    out = {}
+    with EnvPool(Catalog.default(kinds=("builtin",)), num_workers=0) as pool:
+        for reuse in (True, False):
+            policy = SamplerPolicy(params, cfg, sp, kv_reuse=reuse)
+            trajs = run_rollouts(policy, tasks[:3], 2, pool, TOK, rcfg, jax.random.key(0))
+            out[reuse] = [(t.tokens, t.end_reason) for t in trajs]
+    assert out[True] == out[False]

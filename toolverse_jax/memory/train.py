@@ -82,9 +82,10 @@ class MemoryProgram:
 
     def policies(self, params, temperature: float) -> dict:
         """Returns one sampler per role (its own max_new_tokens) on the shared params."""
+        # Role prompts are rebuilt each call (not append-only contexts): no KV to keep.
         return {r: SamplerPolicy(params, self.cfg, sampling_params(
-            self.tokenizer, self.ms.max_new_tokens[r], temperature, self.ms.top_p))
-            for r in ROLES}
+            self.tokenizer, self.ms.max_new_tokens[r], temperature, self.ms.top_p),
+            kv_reuse=False) for r in ROLES}
 
     def phase(self, spec: PhaseSpec):
         return _MemorySFT(spec, self) if spec.name == "sft" else _MemoryRL(spec, self)

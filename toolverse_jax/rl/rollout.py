@@ -19,7 +19,7 @@ from toolverse_jax.envs import EnvPool, Episode
 from toolverse_jax.models.chat import render_chat, render_prompt, render_tool_responses
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.models.toolcall import parse_tool_calls_lenient
-from toolverse_jax.sampling import SampleOutput, SamplingParams, generate
+from toolverse_jax.sampling import KVSession, SampleOutput, SamplingParams, generate
 from toolverse_jax.tasks import Task
 from toolverse_jax.tasks.task import values_equal
 from toolverse_jax.rl.types import Trajectory, Turn
@@ -35,14 +35,24 @@ class Policy(Protocol):
 
 @dataclasses.dataclass
 class SamplerPolicy:
-    """Policy backed by the jitted KV-cache sampler on a params pytree."""
+    """Policy backed by the jitted KV-cache sampler on a params pytree.
+
+    kv_reuse: keep each rollout's KV cache between turns (`sampling.KVSession`), so a turn
+    prefills only the tool responses and the next header; False re-prefills every context
+    from token 0 each turn (`sampling.generate`, the synchronous baseline)."""
 
     params: Any
     cfg: ModelConfig
     sampling: SamplingParams
+    kv_reuse: bool = True
+    _session: KVSession | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __call__(self, prompts, rng):
-        return generate(self.params, self.cfg, prompts, self.sampling, rng)
+        if not self.kv_reuse:
+            return generate(self.params, self.cfg, prompts, self.sampling, rng)
+        if self._session is None:
+            self._session = KVSession(self.params, self.cfg, self.sampling)
+        return self._session.generate(prompts, rng)
 
 
 @dataclasses.dataclass(frozen=True)

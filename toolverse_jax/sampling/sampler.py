@@ -81,13 +81,16 @@ def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     return logits
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sp"))
-def _generate_core(params, tokens, seg, rng, *, cfg: ModelConfig, sp: SamplingParams):
-    b, p = tokens.shape
+def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConfig,
+                   sp: SamplingParams):
+    """Returns (out_tokens, out_logprobs, lengths, stopped, cache): writes `tokens` [b, p]
+    (left-padded, seg 0 = padding) into `cache` at cache.index, then decodes up to
+    sp.max_new_tokens per row. A row whose seg is all 0 generates nothing. Decoded tokens are
+    written to the cache with segment 1 while their row is live and 0 after it stopped, so the
+    cache can be extended again (multi-turn) without the junk after a stop being attended."""
+    b, _ = tokens.shape
     n = sp.max_new_tokens
     w = unembedding_matrix(params, cfg).astype(jnp.float32)
-    positions = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0).astype(jnp.int32)
-    cache = init_cache(cfg, b, p + n)
     hidden, cache = forward(params, cfg, tokens, positions, seg, cache)
     logits = hidden[:, -1].astype(jnp.float32) @ w
     pos = positions[:, -1] + 1
@@ -128,17 +131,25 @@ def _generate_core(params, tokens, seg, rng, *, cfg: ModelConfig, sp: SamplingPa
         stopped = stopped | hit
         done = done | hit
         h, cache = forward(params, cfg, tok[:, None], pos[:, None],
-                           jnp.ones((b, 1), jnp.int32), cache)
+                           live.astype(jnp.int32)[:, None], cache)
         logits = h[:, 0].astype(jnp.float32) @ w
         return (i + 1, cache, logits, pos + 1, done, out_tok, out_lp, lengths, stopped, tail, rng)
 
-    done0 = jnp.sum(seg, axis=1) == 0  # batch-padding rows never generate
+    done0 = jnp.sum(seg, axis=1) == 0  # rows with nothing to continue never generate
     state = (jnp.zeros((), jnp.int32), cache, logits, pos, done0,
              jnp.full((b, n), sp.pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
              jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool),
              jnp.full((b, max_stop), -2, jnp.int32), rng)
     state = jax.lax.while_loop(cond, body, state)
-    return state[5], state[6], state[7], state[8]
+    return state[5], state[6], state[7], state[8], state[1]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sp"))
+def _generate_core(params, tokens, seg, rng, *, cfg: ModelConfig, sp: SamplingParams):
+    b, p = tokens.shape
+    positions = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0).astype(jnp.int32)
+    cache = init_cache(cfg, b, p + sp.max_new_tokens)
+    return prefill_decode(params, cache, tokens, seg, positions, rng, cfg=cfg, sp=sp)[:4]
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, min_bucket: int = 32,

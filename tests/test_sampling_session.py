@@ -1,0 +1,55 @@
+"""KVSession: multi-turn sampling that keeps each context's KV cache equals re-prefilling."""
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks.rollout import episode_plan, run_episodes
+from toolverse_jax.models import get_preset, init_params, logprobs_of
+from toolverse_jax.sampling import KVSession, SamplingParams, generate
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = get_preset("tiny")
+    return cfg, init_params(cfg, jax.random.key(0))
+
+
+def test_greedy_turns_equal_full_reprefill_with_compaction_and_dropouts(tiny):
+    cfg, params = tiny
+    # Stop ids make turns of varying length (holes in the cache); episodes end at different
+    # turns (the batch shrinks); 6 turns overflow the first cache bucket (compaction).
+    sp = SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=(5, 17, 33))
+    plan = episode_plan(np.random.default_rng(0), 6, 6, 24, cfg.vocab_size)
+    ref, n_ref = run_episodes(lambda p, t: generate(params, cfg, p, sp, jax.random.key(t)),
+                              plan, 6)
+    session = KVSession(params, cfg, sp)
+    got, n_got = run_episodes(lambda p, t: session.generate(p, jax.random.key(t)), plan, 6)
+    assert got == ref and n_got == n_ref
+    s = session.stats
+    assert s["sessions"] == 1 and s["compactions"] >= 1
+    # Only the appended tokens were prefilled after the first turn.
+    assert s["reused_tokens"] > s["prefill_tokens"] > sum(len(p) for p in plan["prompts"])
+
+
+def test_sampled_logprobs_match_reprefill_and_unrelated_prompts_start_a_new_session(tiny):
+    cfg, params = tiny
+    sp = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(7,))
+    rng = np.random.default_rng(1)
+    ctx = [rng.integers(3, cfg.vocab_size, 20 + 5 * i).tolist() for i in range(3)]
+    session = KVSession(params, cfg, sp)
+    for turn in range(3):
+        out = session.generate(ctx, jax.random.key(turn))
+        for r in range(len(ctx)):
+            n = int(out.lengths[r])
+            ctx[r] = ctx[r] + out.tokens[r, :n].tolist()
+            # The sampled tokens' log-probs equal the trainer's scoring of the whole context.
+            toks = np.asarray(ctx[r], np.int32)[None]
+            lp, _ = logprobs_of(params, cfg, toks[:, :-1], toks[:, 1:])
+            np.testing.assert_allclose(np.asarray(lp)[0, -n:], out.logprobs[r, :n], atol=1e-5)
+            ctx[r] = ctx[r] + rng.integers(3, cfg.vocab_size, 9).tolist()
+    assert session.stats["sessions"] == 1
+    session.generate([rng.integers(3, cfg.vocab_size, 15).tolist()], jax.random.key(9))
+    assert session.stats["sessions"] == 2
+    with pytest.raises(ValueError, match="at least one token"):
+        session.generate([[]], jax.random.key(0))
