@@ -109,6 +109,8 @@ def tool_use() -> ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
     c.rollout.max_observation_chars = 200
+    c.rollout.max_invalid_streak = 0  # end a rollout after N turns of only invalid calls (0 = off)
+    c.rollout.max_episode_s = 0.0   # end rollouts whose episode ran this long (0 = off)
 
     c.rl.tasks_per_step = 8
     c.rl.advantage = "grpo"         # registered estimator: grpo | turn_aware | trace | ...

@@ -249,3 +249,18 @@ def test_sampler_policy_keeps_kv_across_turns_and_matches_reprefill(tasks):
             trajs = run_rollouts(policy, tasks[:3], 2, pool, TOK, rcfg, jax.random.key(0))
             out[reuse] = [(t.tokens, t.end_reason) for t in trajs]
     assert out[True] == out[False]
+
+
+def test_waste_control_ends_invalid_streaks_and_long_episodes(tasks):
+    task = next(t for t in tasks if len(t.stages) >= 1 and t.verifier["kind"] == "state")
+    bad = "<tool_call>\n{\"name\": \"x\", \"arguments\": [1]}\n</tool_call>" + END
+    with EnvPool(Catalog.default(kinds=("builtin",)), num_workers=0) as pool:
+        (tr,) = run_rollouts(ScriptedPolicy([[bad] * 5]), [task], 1, pool, TOK,
+                             RolloutConfig(max_turns=5, max_context=8192, max_invalid_streak=2),
+                             rng=jax.random.key(0))
+        assert tr.end_reason == "invalid_calls" and len(tr.turns) == 2
+        assert all(t.statuses == ["invalid_call"] for t in tr.turns)
+        (tr,) = run_rollouts(ScriptedPolicy([[bad] * 5]), [task], 1, pool, TOK,
+                             RolloutConfig(max_turns=5, max_context=8192, max_episode_s=1e-9),
+                             rng=jax.random.key(0))
+        assert tr.end_reason == "wall_time" and not tr.turns and not tr.success

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from typing import Any, Protocol, Sequence
 
 import jax
@@ -74,6 +75,11 @@ class RolloutConfig:
     ok_call_bonus: float = 0.0
     gold_turn_bonus: float = 0.0
     arg_match_bonus: float = 0.0
+    # Waste control (recorded end reasons; 0 = off): a rollout ends after this many consecutive
+    # turns whose every call was invalid ("invalid_calls"), or once its episode has run this
+    # many seconds ("wall_time"; checked between turns).
+    max_invalid_streak: int = 0
+    max_episode_s: float = 0.0
 
 
 def state_key(executed: set[str] | Sequence[str]) -> int:
@@ -227,8 +233,14 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
     active = [i for i in range(len(trajs))]
     # Per rollout, the executed calls with their observations so far: the state keys.
     executed: list[set[str]] = [set() for _ in trajs]
+    invalid_streak = [0] * len(trajs)
+    t_start = time.monotonic()
     try:
         for turn in range(cfg.max_turns):
+            if active and cfg.max_episode_s > 0 and time.monotonic() - t_start >= cfg.max_episode_s:
+                for i in active:
+                    trajs[i].end_reason = "wall_time"
+                active = []
             if not active:
                 break
             rng, key = jax.random.split(rng)
@@ -281,6 +293,12 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                 tr = trajs[i]
                 if tr.infra_failed:
                     tr.end_reason = "server_crashed"
+                    continue
+                statuses = tr.turns[-1].statuses
+                invalid_streak[i] = invalid_streak[i] + 1 if statuses and all(
+                    st == "invalid_call" for st in statuses) else 0
+                if cfg.max_invalid_streak > 0 and invalid_streak[i] >= cfg.max_invalid_streak:
+                    tr.end_reason = "invalid_calls"
                     continue
                 obs_text = [observation_text(c, cfg) for c in pending[i]]
                 env_ids = render_tool_responses(obs_text, tokenizer)

@@ -278,7 +278,9 @@ def _tool_use(c: ConfigDict) -> ToolUseSpec:
                             num_distractors=ro.num_distractors,
                             max_observation_chars=ro.max_observation_chars,
                             ok_call_bonus=r.ok_call_bonus, gold_turn_bonus=r.gold_turn_bonus,
-                            arg_match_bonus=r.arg_match_bonus)
+                            arg_match_bonus=r.arg_match_bonus,
+                            max_invalid_streak=int(ro.max_invalid_streak),
+                            max_episode_s=float(ro.max_episode_s))
     return ToolUseSpec(
         tasks=TaskSpec(t.source, t.path, int(t.num_tasks), tuple(t.horizons),
                        tuple(t.servers or ()), t.split_by, float(t.eval_fraction),
