@@ -113,6 +113,11 @@ def tool_use() -> ConfigDict:
     c.rollout.max_episode_s = 0.0   # end rollouts whose episode ran this long (0 = off)
 
     c.rl.tasks_per_step = 8
+    # Bounded-staleness async RL: a rollout thread runs ahead of the trainer by at most
+    # max_staleness policy versions (0 = waits for every update: the synchronous loop's
+    # rollouts); its env calls and sampling overlap the update and the eval. Single process.
+    c.rl.async_rollouts = False
+    c.rl.max_staleness = 1
     c.rl.advantage = "grpo"         # registered estimator: grpo | turn_aware | trace | ...
     c.rl.adv = ConfigDict({"lam": 0.5, "gamma": 0.5, "eps": 1e-6})
     c.rl.ok_call_bonus = 0.0        # dense shaping: + bonus x fraction of calls that executed ok

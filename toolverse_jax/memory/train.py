@@ -87,7 +87,8 @@ class MemoryProgram:
             self.tokenizer, self.ms.max_new_tokens[r], temperature, self.ms.top_p),
             kv_reuse=False) for r in ROLES}
 
-    def phase(self, spec: PhaseSpec):
+    def phase(self, spec: PhaseSpec, mesh):
+        del mesh
         return _MemorySFT(spec, self) if spec.name == "sft" else _MemoryRL(spec, self)
 
     def env_pool(self):

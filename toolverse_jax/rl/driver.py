@@ -46,7 +46,8 @@ class Phase(Protocol):
     def rows(self, step: int, params: Any, ref_params: Any, pool: Any
              ) -> tuple[Sequence[Row], dict[str, float]]:
         """Returns (this process's rows, metrics) for phase-local step `step` under the
-        current `params` (and the frozen reference, None before RL)."""
+        current `params` (and the frozen reference, None before RL). The driver calls it once
+        per step, in order, then updates (donating `params`); a phase may also have close()."""
 
 
 class Program(Protocol):
@@ -58,7 +59,7 @@ class Program(Protocol):
     score_reference: bool           # the RL loss reads reference log-probs (k3 KL / logged)
     checkpoint_meta: dict           # extra metadata the checkpoints must match (e.g. method)
 
-    def phase(self, spec: PhaseSpec) -> Phase: ...
+    def phase(self, spec: PhaseSpec, mesh: Any) -> Phase: ...
 
     def env_pool(self) -> contextlib.AbstractContextManager: ...
 
@@ -102,7 +103,7 @@ def run(spec: RunSpec, workdir: str) -> dict:
     program = _programs().get(spec.method)(spec, workdir, nproc)
     cfg, sched = program.cfg, spec.schedule
     mesh = make_mesh(spec.mesh_shape)
-    phases = {p.name: program.phase(p) for p in spec.phases if p.steps > 0}
+    phases = {p.name: program.phase(p, mesh) for p in spec.phases if p.steps > 0}
 
     with sharding_context(mesh):
         params0 = shard_params(program.params0, cfg, mesh)
@@ -168,6 +169,9 @@ def run(spec: RunSpec, workdir: str) -> dict:
                     pbar.set_postfix({k.split("/")[-1]: round(v, 3) for k, v in metrics.items()
                                       if k in ("loss", "rollout/success_rate",
                                                "eval/success_rate")})
+            for phase in phases.values():
+                if hasattr(phase, "close"):
+                    phase.close()  # e.g. joins an async rollout thread
         if pbar is not None:
             pbar.close()
         ckpt.close()

@@ -170,6 +170,8 @@ class ToolUseSpec:
     eval_tasks: int
     probe_tasks: int
     score_reference: bool           # score the reference on every RL batch (k3 KL, or logged)
+    async_rollouts: bool = False    # rollouts on a thread, up to max_staleness versions ahead
+    max_staleness: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +295,8 @@ def _tool_use(c: ConfigDict) -> ToolUseSpec:
         trace=TraceSpec(c.trace.answer_prefix, c.trace.scorer, int(c.trace.pad_to)),
         warm_start=c.train.warm_start, eval_tasks=int(c.train.eval_tasks),
         probe_tasks=min(int(c.train.probe_tasks or 0), int(c.train.eval_tasks)),
-        score_reference=r.kl_coef > 0 or bool(c.train.log_ref_kl))
+        score_reference=r.kl_coef > 0 or bool(c.train.log_ref_kl),
+        async_rollouts=bool(r.async_rollouts), max_staleness=max(int(r.max_staleness), 0))
 
 
 def _memory(c: ConfigDict) -> MemorySpec:

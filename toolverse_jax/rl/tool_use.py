@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from typing import Any
 
@@ -228,26 +229,47 @@ class _RLPhase:
     registered estimator's per-turn advantages (TRACE: from reference-scored states)."""
 
     def __init__(self, spec: PhaseSpec, prog: "ToolUseProgram", pool_tasks: list[Task],
-                 sft_ds=None):
-        self.spec, self.prog = spec, prog
+                 sft_ds=None, mesh=None):
+        self.spec, self.prog, self.mesh = spec, prog, mesh
         self.ds = sft_ds if sft_ds is not None else grain.MapDataset.source(
             pool_tasks).shuffle(seed=spec.seed).repeat()
         self.ref_local = None
+        self.producer: _AsyncRollouts | None = None
 
     def rows(self, step: int, params, ref_params, pool) -> tuple[list[Row], dict]:
+        tu = self.prog.tu
+        if not tu.async_rollouts:
+            return self.make(step, params, ref_params, pool)
+        if self.producer is None:
+            self.producer = _AsyncRollouts(self, step, self.prog.total - self.prog.sft_steps,
+                                           tu.max_staleness, pool)
+        return self.producer.take(step, params, ref_params)
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+
+    def make(self, step: int, params, ref_params, pool, version: int | None = None
+             ) -> tuple[list[Row], dict]:
+        """Returns (rows, metrics) of RL step `step` sampled with `params` (policy version
+        `version`: RL updates done when they were current; default `step`)."""
         p, tu = self.prog, self.prog.tu
+        version = step if version is None else version
         t0 = time.time()
         n = tu.tasks_per_step
         tasks_now = process_slice([self.ds[step * n + i] for i in range(n)])
         global_step = p.sft_steps + step
         policy = SamplerPolicy(local_params(params), p.cfg, p.sampling)
         seed = self.spec.seed
-        with p.on_local():
+        with p.on_local(), p.pool_lock:
             key = jax.random.fold_in(jax.random.key(seed), global_step)
             if p.nproc > 1:
                 key = jax.random.fold_in(key, p.pid)
             trajs = run_rollouts(policy, tasks_now, tu.group_size, pool, p.tokenizer, p.rcfg,
                                  key, seed=seed * 1_000_003 + global_step + 7919 * p.pid)
+        for tr in trajs:
+            for turn in tr.turns:
+                turn.policy_version = version
         t_roll = time.time() - t0
         readiness, metrics = None, {}
         if tu.advantage == "trace":
@@ -272,7 +294,75 @@ class _RLPhase:
         metrics["rollout/tokens_per_s"] = sampled / max(t_roll, 1e-9)
         metrics["rollout/num_adv_nonzero"] = float(np.sum(gather_rows(
             np.asarray([np.sum(np.abs(turn_adv) > 1e-8)], np.float64))))
+        metrics["rollout/staleness"] = float(step - version)
         return rows, metrics
+
+
+class _AsyncRollouts:
+    """A thread that makes the RL phase's rows ahead of the trainer: step s is sampled once the
+    trainer has published policy version >= s - max_staleness, with the newest version
+    published. max_staleness 0 = every step waits for its own version (the synchronous loop's
+    rollouts, overlapped with nothing); k > 0 overlaps rollouts with the update and eval, and
+    the PPO loss's TIS weight (π_old / π_sampler) corrects for the stale sampler. Params are
+    published as copies (the train step donates its state)."""
+
+    def __init__(self, phase: _RLPhase, start: int, stop: int, max_staleness: int, pool):
+        import queue
+        import threading
+        if phase.prog.nproc > 1:
+            raise ValueError("config.rl.async_rollouts runs on one process; multi-host runs "
+                             "sample synchronously")
+        self.phase, self.k, self.pool = phase, max_staleness, pool
+        self.cv = threading.Condition()
+        self.latest: tuple[int, Any, Any] | None = None  # (version, params, ref)
+        self.out: queue.Queue = queue.Queue(maxsize=max_staleness + 1)
+        self.error: BaseException | None = None
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, args=(start, stop), daemon=True,
+                                       name="async-rollouts")
+        self.started = False
+
+    def _run(self, start: int, stop: int) -> None:
+        try:
+            with sharding_context(self.phase.mesh) if self.phase.mesh is not None \
+                    else contextlib.nullcontext():
+                for s in range(start, stop):
+                    with self.cv:
+                        self.cv.wait_for(lambda: self.stopped or (
+                            self.latest is not None and self.latest[0] >= s - self.k))
+                        if self.stopped:
+                            return
+                        version, params, ref = self.latest
+                    self.out.put((s, self.phase.make(s, params, ref, self.pool, version)))
+        except BaseException as e:  # re-raised on the trainer's thread
+            self.error = e
+            self.out.put((None, None))
+
+    def take(self, step: int, params, ref_params) -> tuple[list[Row], dict]:
+        """Publishes `params` as version `step` and returns the rows made for `step`."""
+        copy = (lambda t: t) if self.k == 0 else (lambda t: jax.tree.map(jnp.copy, t))
+        with self.cv:
+            self.latest = (step, copy(params), ref_params)  # the reference is never donated
+            self.cv.notify_all()
+        if not self.started:
+            self.thread.start()
+            self.started = True
+        t0 = time.time()
+        s, item = self.out.get()
+        if self.error is not None:
+            raise RuntimeError("async rollout thread failed") from self.error
+        if s != step:
+            raise RuntimeError(f"async rollouts out of order: got step {s}, expected {step}")
+        rows, metrics = item
+        metrics["time/rollout_wait_s"] = time.time() - t0
+        return rows, metrics
+
+    def close(self) -> None:
+        with self.cv:
+            self.stopped = True
+            self.cv.notify_all()
+        if self.started:
+            self.thread.join(timeout=60)
 
 
 class ToolUseProgram:
@@ -318,6 +408,8 @@ class ToolUseProgram:
                                         tu.top_p, tu.top_k)
         self.greedy = sampling_params(self.tokenizer, tu.max_new_tokens, 0.0)
         self._tools: dict[tuple, list[dict]] = {}
+        # Rollouts and evals share the env pool; with async rollouts they run on two threads.
+        self.pool_lock = threading.Lock()
         self._sft: _SFTPhase | None = None
 
     def tools(self, task: Task) -> list[dict]:
@@ -326,14 +418,14 @@ class ToolUseProgram:
             self._tools[task.servers] = episode_tools(self.catalog, task.servers)[0]
         return self._tools[task.servers]
 
-    def phase(self, spec: PhaseSpec):
+    def phase(self, spec: PhaseSpec, mesh=None):
         if spec.name == "sft":
             self._sft = _SFTPhase(spec, self, self.sft_pool)
             return self._sft
         # One pool for both phases and one seed: RL continues the SFT shuffle's stream of tasks.
         shared = self._sft.ds if (self._sft is not None and self.rl_pool is self.sft_pool
                                   and spec.seed == self._sft.spec.seed) else None
-        return _RLPhase(spec, self, self.rl_pool, shared)
+        return _RLPhase(spec, self, self.rl_pool, shared, mesh)
 
     def env_pool(self):
         return EnvPool(self.catalog, **self.env_spec.pool_kwargs())
@@ -343,7 +435,7 @@ class ToolUseProgram:
 
         def measure(tasks_, sp, key, seed, prefix) -> dict:
             t0 = time.time()
-            with self.on_local():
+            with self.on_local(), self.pool_lock:
                 trajs = run_rollouts(SamplerPolicy(local, self.cfg, sp), tasks_, 1, pool,
                                      self.tokenizer, self.rcfg, jax.random.key(key), seed=seed)
             return {**rollout_metrics(trajs, prefix), f"{prefix}/time_s": time.time() - t0}

@@ -80,6 +80,7 @@ class Turn:
     gold_match: float = 0.0
     state_key: int = 0
     arg_match: float = 0.0
+    policy_version: int = 0         # RL updates done when the sampling params were current
 
     def __post_init__(self):
         if self.kind not in TURN_KINDS:
