@@ -249,35 +249,16 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
             still = []
             pending: dict[int, list[str]] = {}  # rollout -> tool responses, in call order
             for row, i in enumerate(active):
-                tr, task = trajs[i], owners[i][1]
-                n = int(out.lengths[row])
-                gen = [int(t) for t in out.tokens[row, :n]]
-                tr.tokens += gen
-                tr.policy_mask += [True] * n
-                tr.sample_logprobs += [float(x) for x in out.logprobs[row, :n]]
-                tr.token_turn += [turn] * n
-                parsed = parse_tool_calls_lenient(tokenizer.decode(gen))
-                calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
-                skey = state_key(executed[i])
-                if not bool(out.stopped[row]):
-                    tr.end_reason = "max_new_tokens"
-                    tr.turns.append(Turn("truncated", calls, ["truncated"], 0.0, skey, 0.0))
-                    continue
-                if not calls and not parsed.errors:
-                    tr.final_answer = parsed.final_answer if parsed.final_answer is not None \
-                        else parsed.content.strip()
-                    tr.finished, tr.end_reason = True, "answer"
-                    tr.turns.append(Turn("answer", [], [], 0.0, skey))
-                    continue
-                stage = task.stages[turn] if turn < len(task.stages) else []
-                tr.turns.append(Turn("calls", calls, ["invalid_call"] * len(parsed.errors),
-                                     float(bool(stage) and _calls_cover(stage, calls)), skey,
-                                     arg_overlap(stage, calls)))
-                responses = [f"invalid tool call: {e}" for e in parsed.errors]
+                got = _record_turn(trajs[i], owners[i][1], out, row, turn,
+                                   state_key(executed[i]), tokenizer)
+                if got is None:
+                    continue  # answered or truncated: the rollout ends
+                calls, errors = got
+                # Parse errors come back first, then the executed calls' responses.
+                pending[i] = [f"invalid tool call: {e}" for e in errors]
                 for c in calls:
                     calls_batch.append((episodes[i], c["name"], c["arguments"]))
                     owners_batch.append(i)
-                pending[i] = responses
                 still.append(i)
             if calls_batch:
                 results = pool.step(calls_batch)
@@ -288,40 +269,79 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                                                ensure_ascii=False, sort_keys=True, default=str))
                     if obs.status == "server_crashed":
                         trajs[i].infra_failed = True
-            next_active = []
-            for i in still:
-                tr = trajs[i]
-                if tr.infra_failed:
-                    tr.end_reason = "server_crashed"
-                    continue
-                statuses = tr.turns[-1].statuses
-                invalid_streak[i] = invalid_streak[i] + 1 if statuses and all(
-                    st == "invalid_call" for st in statuses) else 0
-                if cfg.max_invalid_streak > 0 and invalid_streak[i] >= cfg.max_invalid_streak:
-                    tr.end_reason = "invalid_calls"
-                    continue
-                obs_text = [observation_text(c, cfg) for c in pending[i]]
-                env_ids = render_tool_responses(obs_text, tokenizer)
-                if len(tr.tokens) + len(env_ids) >= cfg.max_context:
-                    tr.end_reason = "max_context"
-                    continue
-                tr.tokens += env_ids
-                tr.policy_mask += [False] * len(env_ids)
-                tr.sample_logprobs += [0.0] * len(env_ids)
-                tr.token_turn += [-1] * len(env_ids)
-                next_active.append(i)
-            active = next_active
+            active = [i for i in still if _continue(trajs[i], pending[i], invalid_streak, i,
+                                                    tokenizer, cfg)]
         for i in active:
             trajs[i].end_reason = "max_turns"
         for tr, ep, (_, task) in zip(trajs, episodes, owners):
-            if pool.is_failed(ep):
-                tr.infra_failed = True
-            if tr.infra_failed:
-                continue
-            state = pool.read_state(ep) if task.verifier["kind"] == "state" else None
-            tr.success = bool(task.check(tr.final_answer, state)) if (
-                tr.finished or task.verifier["kind"] == "state") else False
-            tr.reward = shaped_reward(tr, cfg)
+            _score(tr, ep, task, pool, cfg)
     finally:
         pool.close(episodes)
     return trajs
+
+
+def _record_turn(tr: Trajectory, task: Task, out: SampleOutput, row: int, turn: int, skey: int,
+                 tokenizer) -> tuple[list[dict], list] | None:
+    """Appends sample row `row` (the policy's turn) to rollout `tr` with its Turn record;
+    returns (the parsed calls to execute, the parse errors), or None when the turn ended the
+    rollout (an answer, or a turn cut at max_new_tokens)."""
+    n = int(out.lengths[row])
+    gen = [int(t) for t in out.tokens[row, :n]]
+    tr.tokens += gen
+    tr.policy_mask += [True] * n
+    tr.sample_logprobs += [float(x) for x in out.logprobs[row, :n]]
+    tr.token_turn += [turn] * n
+    parsed = parse_tool_calls_lenient(tokenizer.decode(gen))
+    calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
+    if not bool(out.stopped[row]):
+        tr.end_reason = "max_new_tokens"
+        tr.turns.append(Turn("truncated", calls, ["truncated"], 0.0, skey, 0.0))
+        return None
+    if not calls and not parsed.errors:
+        tr.final_answer = parsed.final_answer if parsed.final_answer is not None \
+            else parsed.content.strip()
+        tr.finished, tr.end_reason = True, "answer"
+        tr.turns.append(Turn("answer", [], [], 0.0, skey))
+        return None
+    stage = task.stages[turn] if turn < len(task.stages) else []
+    tr.turns.append(Turn("calls", calls, ["invalid_call"] * len(parsed.errors),
+                         float(bool(stage) and _calls_cover(stage, calls)), skey,
+                         arg_overlap(stage, calls)))
+    return calls, list(parsed.errors)
+
+
+def _continue(tr: Trajectory, responses: list[str], invalid_streak: list[int], i: int,
+              tokenizer, cfg: RolloutConfig) -> bool:
+    """Appends the turn's tool responses to rollout `tr` and returns True, or records why it
+    ends here (server crash, an invalid-call streak, the context limit) and returns False."""
+    if tr.infra_failed:
+        tr.end_reason = "server_crashed"
+        return False
+    statuses = tr.turns[-1].statuses
+    invalid_streak[i] = invalid_streak[i] + 1 if statuses and all(
+        st == "invalid_call" for st in statuses) else 0
+    if cfg.max_invalid_streak > 0 and invalid_streak[i] >= cfg.max_invalid_streak:
+        tr.end_reason = "invalid_calls"
+        return False
+    env_ids = render_tool_responses([observation_text(c, cfg) for c in responses], tokenizer)
+    if len(tr.tokens) + len(env_ids) >= cfg.max_context:
+        tr.end_reason = "max_context"
+        return False
+    tr.tokens += env_ids
+    tr.policy_mask += [False] * len(env_ids)
+    tr.sample_logprobs += [0.0] * len(env_ids)
+    tr.token_turn += [-1] * len(env_ids)
+    return True
+
+
+def _score(tr: Trajectory, ep: Episode, task: Task, pool: EnvPool, cfg: RolloutConfig) -> None:
+    """Sets the finished rollout's success (the task's verifier on its answer or the final
+    env state) and shaped reward; an episode the pool marked failed is an infra failure."""
+    if pool.is_failed(ep):
+        tr.infra_failed = True
+    if tr.infra_failed:
+        return
+    state = pool.read_state(ep) if task.verifier["kind"] == "state" else None
+    tr.success = bool(task.check(tr.final_answer, state)) if (
+        tr.finished or task.verifier["kind"] == "state") else False
+    tr.reward = shaped_reward(tr, cfg)
