@@ -1,6 +1,7 @@
 """Session curriculum: transitions on the validation threshold, JSON round trip, resume in a run."""
 
 import json
+import os
 
 import pytest
 
@@ -65,3 +66,21 @@ def test_run_advances_and_resumes_at_the_stage(tmp_path):
     assert recs[-1]["curriculum/sessions"] == 16.0 and recs[-1]["curriculum/stage"] == 2.0
     summary = json.load(open(f"{wd}/summary.json"))
     assert [t["to"] for t in summary["curriculum"]["transitions"]] == [16, 32]
+
+
+def test_memory_program_runs_through_the_driver(tmp_path):
+    """The fast variant of the run above: 1 SFT + 1 LoGo-GRPO step in-process through
+    rl.driver (config.method picks the Memory-R2 program), no evals."""
+    from configs.memory_r2 import get_config
+    from toolverse_jax.rl.driver import run_training
+    c = get_config()
+    c.sft.steps, c.sft.convs_per_step, c.sft.rows_per_step = 1, 1, 8
+    c.rl.steps, c.rl.convs_per_step, c.rl.group_size, c.logo.inner_n = 1, 1, 2, 2
+    c.memory.max_new_tokens.extractor = c.memory.max_new_tokens.manager = 8
+    c.memory.max_new_tokens.answerer = 4
+    c.train.eval_every = 0
+    summary = run_training(c, str(tmp_path))
+    recs = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert summary["final_step"] == 2 and [r["phase"] for r in recs] == ["sft", "rl"]
+    assert recs[1]["curriculum/sessions"] == 8.0 and recs[1]["rollout/rows"] > 0
+    assert os.path.isdir(tmp_path / "checkpoints" / "2")

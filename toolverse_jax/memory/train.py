@@ -24,10 +24,9 @@ from toolverse_jax.memory.logo import logo_advantages, trajectory_rows
 from toolverse_jax.memory.roles import ROLES, check_roles
 from toolverse_jax.models import load_tokenizer
 from toolverse_jax.rl.batching import pad_rows
-from toolverse_jax.rl.driver import PROGRAMS
+from toolverse_jax.rl.driver import PROGRAMS, build_model
 from toolverse_jax.rl.rollout import SamplerPolicy
 from toolverse_jax.rl.spec import PhaseSpec, RunSpec, sampling_params
-from toolverse_jax.rl.tool_use import build_model
 from toolverse_jax.rl.types import Row
 
 

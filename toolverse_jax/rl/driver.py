@@ -27,12 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
+from toolverse_jax.models import get_preset, init_params, load_hf_checkpoint
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.registry import Registry
 from toolverse_jax.rl.batching import global_batch
 from toolverse_jax.rl.checkpoint import RunCheckpointer
 from toolverse_jax.rl.metrics import MetricsLog, plot_curve
-from toolverse_jax.rl.spec import PhaseSpec, RunSpec
+from toolverse_jax.rl.spec import ModelSpec, PhaseSpec, RunSpec
 from toolverse_jax.rl.trainer import init_train_state, make_train_step, ppo_update
 from toolverse_jax.rl.types import Row
 from toolverse_jax.sharding import distributed, make_mesh, shard_params, sharding_context
@@ -81,6 +82,25 @@ def _programs() -> Registry:
     import toolverse_jax.memory.train  # noqa: F401
     import toolverse_jax.rl.tool_use  # noqa: F401
     return PROGRAMS
+
+
+def build_model(model: ModelSpec, seed: int, tokenizer) -> tuple[ModelConfig, Any]:
+    """Returns (ModelConfig, initial params) from an HF/GGUF checkpoint or a preset. With a
+    trained tokenizer the preset's vocab_size becomes the tokenizer's (padded) size."""
+    if model.checkpoint:
+        cfg, params = load_hf_checkpoint(model.checkpoint, dtype=jnp.dtype(model.dtype))
+        cfg = cfg.replace(remat=model.remat)
+    else:
+        cfg = get_preset(model.preset, dtype=model.dtype, param_dtype=model.dtype,
+                         remat=model.remat)
+        if model.tokenizer == "trained":
+            cfg = cfg.replace(vocab_size=tokenizer.vocab_size)
+        params = init_params(cfg, jax.random.key(seed))
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"tokenizer {model.tokenizer!r} has {tokenizer.vocab_size} ids but model vocab_size "
+            f"is {cfg.vocab_size}; pick a matching preset or tokenizer")
+    return cfg, params
 
 
 def run_training(config: ConfigDict, workdir: str) -> dict:

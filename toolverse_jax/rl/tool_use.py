@@ -26,11 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from toolverse_jax.envs import Catalog, EnvPool, episode_tools
-from toolverse_jax.models import get_preset, init_params, load_hf_checkpoint, load_tokenizer
-from toolverse_jax.models.config import ModelConfig
+from toolverse_jax.models import load_tokenizer
 from toolverse_jax.models.tokenizer import ByteTokenizer, train_bpe_tokenizer
 from toolverse_jax.rl.batching import compute_advantages, demonstration_row, trajectory_rows
-from toolverse_jax.rl.driver import PROGRAMS
+from toolverse_jax.rl.driver import PROGRAMS, build_model
 from toolverse_jax.rl.metrics import advantage_metrics, advantage_stats, rollout_metrics
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
                                       observation_text, prompt_tool_specs, run_rollouts)
@@ -63,25 +62,6 @@ def build_tokenizer(model: ModelSpec, rcfg: RolloutConfig, train_tasks: list[Tas
     print(f"tokenizer: trained {tok.num_ids} ids on {len(texts)} gold chains -> {path}",
           flush=True)
     return tok
-
-
-def build_model(model: ModelSpec, seed: int, tokenizer) -> tuple[ModelConfig, Any]:
-    """Returns (ModelConfig, initial params) from an HF/GGUF checkpoint or a preset. With a
-    trained tokenizer the preset's vocab_size becomes the tokenizer's (padded) size."""
-    if model.checkpoint:
-        cfg, params = load_hf_checkpoint(model.checkpoint, dtype=jnp.dtype(model.dtype))
-        cfg = cfg.replace(remat=model.remat)
-    else:
-        cfg = get_preset(model.preset, dtype=model.dtype, param_dtype=model.dtype,
-                         remat=model.remat)
-        if model.tokenizer == "trained":
-            cfg = cfg.replace(vocab_size=tokenizer.vocab_size)
-        params = init_params(cfg, jax.random.key(seed))
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(
-            f"tokenizer {model.tokenizer!r} has {tokenizer.vocab_size} ids but model vocab_size "
-            f"is {cfg.vocab_size}; pick a matching preset or tokenizer")
-    return cfg, params
 
 
 def load_tasks(t: TaskSpec, rcfg: RolloutConfig, env: EnvSpec, workdir: str
