@@ -359,3 +359,27 @@ def test_async_rollouts_at_staleness_0_reproduce_the_synchronous_run(full_run, t
     assert [r["step"] for r in rl] == [3, 4, 5]
     assert rl[0]["rollout/staleness"] == 0.0 and all(0 <= r["rollout/staleness"] <= 1 for r in rl)
     assert all(np.isfinite(r["loss"]) for r in rl)
+
+
+def test_one_update_per_batch_needs_no_scoring_pass():
+    """LossConfig.old_from_current (one update per rollout batch): π_old's log-probs come from
+    the update's own forward, so ppo_update skips its scoring pass and lands on the same
+    params as the scored update (ratio 1 either way)."""
+    from toolverse_jax.rl.trainer import ppo_update
+    from toolverse_jax.sharding import make_mesh, sharding_context
+    cfg = get_preset("tiny")
+    opt = make_optimizer(1e-3, 1, 10)
+    fresh = lambda: init_params(cfg, jax.random.key(3))  # the step donates its state
+    mesh = make_mesh((-1, 1, 1))
+    out = {}
+    with sharding_context(mesh):
+        for fused in (False, True):
+            step = make_train_step(cfg, LossConfig(name="ppo_clip", old_from_current=fused), opt)
+            s, m = ppo_update(init_train_state(fresh(), opt), _rows(), step, cfg=cfg, mesh=mesh,
+                              num_micro=1, pad_id=0, temperature=1.0, score_old=not fused)
+            out[fused] = (s, m)
+        for a, b in zip(jax.tree.leaves(out[False][0].params), jax.tree.leaves(out[True][0].params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+        with pytest.raises(ValueError, match="one update per batch"):
+            ppo_update(init_train_state(fresh(), opt), _rows(), step, cfg=cfg, mesh=mesh,
+                       num_micro=1, pad_id=0, temperature=1.0, score_old=False, epochs=2)

@@ -223,4 +223,5 @@ def _update(state, rows: Sequence[Row], step_fn, pspec: PhaseSpec, spec: RunSpec
                       temperature=pspec.loss.temperature,
                       ref_params=ref_params if program.score_reference else None,
                       epochs=pspec.epochs, num_minibatches=pspec.num_minibatches,
-                      rng=np.random.default_rng([pspec.seed, step]), backend=pspec.loss.backend)
+                      rng=np.random.default_rng([pspec.seed, step]), backend=pspec.loss.backend,
+                      score_old=not pspec.loss.old_from_current)

@@ -53,9 +53,15 @@ def _mask_stats(x, mask):
 
 @register_loss("ppo_clip")
 def ppo_clip(logprobs, entropy, batch: TrainBatch, cfg: Any):
-    """Returns (loss, metrics) of PPO-clip; ratio pi_theta / pi_old on each policy token."""
+    """Returns (loss, metrics) of PPO-clip; ratio pi_theta / pi_old on each policy token.
+
+    cfg.old_from_current: pi_old is the policy being updated (one update per rollout batch),
+    so its log-probs are this forward's, gradient stopped: the ratio is 1 in value (its
+    gradient is the policy gradient) and no separate scoring pass is needed."""
     mask = batch.loss_mask
-    log_ratio = logprobs - batch.old_logprobs
+    old = (jax.lax.stop_gradient(logprobs) if getattr(cfg, "old_from_current", False)
+           else batch.old_logprobs)
+    log_ratio = logprobs - old
     ratio = jnp.exp(log_ratio)
     adv = batch.advantages
     neg_scale = getattr(cfg, "neg_adv_scale", 1.0)
@@ -66,7 +72,7 @@ def ppo_clip(logprobs, entropy, batch: TrainBatch, cfg: Any):
     # Truncated importance sampling: the trainer's old log-probs and the sampler's differ
     # (numerics, bf16, kernels); weight by the capped ratio old/sampler to correct for it.
     if cfg.tis_cap > 0:
-        w = jnp.minimum(jnp.exp(batch.old_logprobs - batch.sample_logprobs), cfg.tis_cap)
+        w = jnp.minimum(jnp.exp(old - batch.sample_logprobs), cfg.tis_cap)
         per_token = per_token * jax.lax.stop_gradient(w)
     loss = aggregate(per_token, mask, cfg.aggregation)
     kl = kl_k3(logprobs, batch.ref_logprobs)
@@ -76,7 +82,7 @@ def ppo_clip(logprobs, entropy, batch: TrainBatch, cfg: Any):
     if cfg.entropy_coef > 0:
         loss = loss - cfg.entropy_coef * aggregate(entropy, mask, cfg.aggregation)
     clip_frac = aggregate((jnp.abs(ratio - clipped) > 1e-6).astype(jnp.float32), mask)
-    diff = jnp.abs(batch.old_logprobs - batch.sample_logprobs)
+    diff = jnp.abs(old - batch.sample_logprobs)
     diff_mean, diff_max = _mask_stats(diff, mask)
     return loss, {
         "pg_loss": aggregate(per_token, mask, cfg.aggregation), "kl": kl_mean,

@@ -234,13 +234,16 @@ class RunSpec:
         r = c.rl
         temperature = c.rollout.temperature if c.method == "toolverse" else c.memory.temperature
 
+        one_update = int(r.ppo_epochs) <= 1 and int(r.num_minibatches) <= 1
+
         def loss(name: str) -> LossConfig:
             return LossConfig(name=name, clip_eps_low=r.clip_eps_low,
                               clip_eps_high=r.clip_eps_high, kl_coef=r.kl_coef,
                               entropy_coef=r.entropy_coef, tis_cap=r.tis_cap,
                               aggregation=r.aggregation, neg_adv_scale=r.neg_adv_scale,
                               temperature=temperature if name != "sft" else 1.0,
-                              backend=r.kernel_backend)
+                              backend=r.kernel_backend,
+                              old_from_current=one_update and name != "sft")
 
         for name, steps in (("sft", c.sft.steps), ("rl", r.steps)):
             if steps < 0:

@@ -47,6 +47,9 @@ class LossConfig(NamedTuple):
     # Token log-prob kernel of the train step and its scoring (kernels.BACKENDS; "auto" =
     # Pallas on GPU, chunked XLA elsewhere).
     backend: str = "auto"
+    # pi_old = the params being updated, read from the update's own forward (no scoring pass);
+    # valid when each rollout batch gets exactly one update (ppo_update's score_old=False).
+    old_from_current: bool = False
 
 
 def make_optimizer(lr: float, warmup_steps: int, total_steps: int, weight_decay: float = 0.0,
@@ -131,11 +134,16 @@ def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
 def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, num_micro: int,
                pad_id: int, temperature: float, ref_params=None, epochs: int = 1,
                num_minibatches: int = 1, rng: np.random.Generator | None = None,
-               backend: str = "auto"):
+               backend: str = "auto", score_old: bool = True):
     """Returns (state, metrics) after `epochs` passes over `rows` in `num_minibatches` shuffled
     minibatches (PPO's reuse of one rollout batch). π_old (and the reference, when given) score
     every minibatch once, before the first update, so the clip ratio of later passes is taken
-    against the policy that sampled. Metrics are the mean over updates; timings are summed."""
+    against the policy that sampled. Metrics are the mean over updates; timings are summed.
+    score_old=False (one update per batch, a step built with LossConfig.old_from_current)
+    skips π_old's scoring pass: the update's own forward gives it."""
+    if not score_old and (epochs > 1 or num_minibatches > 1):
+        raise ValueError("ppo_update: score_old=False needs one update per batch "
+                         "(epochs=1, num_minibatches=1)")
     rng = rng or np.random.default_rng(0)
     # Multi-host: every process splits its own rows; a process with none (all its episodes
     # failed) contributes one loss-free row per minibatch.
@@ -145,8 +153,8 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     batches = []
     for part in parts:
         batch = global_batch(part, pad_id, mesh, num_micro)
-        old_lp, _ = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
-                              backend=backend)
+        old_lp = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
+                           backend=backend)[0] if score_old else batch.old_logprobs
         ref_lp = old_lp if ref_params is None else score_jit(
             ref_params, batch, cfg=cfg, temperature=temperature, backend=backend)[0]
         batches.append(batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp))
