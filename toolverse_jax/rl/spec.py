@@ -49,6 +49,8 @@ def resolve(config: ConfigDict) -> ConfigDict:
 
     def merge(dst: ConfigDict, src: ConfigDict) -> None:
         for k, v in src.items():
+            # rl.adv is one estimator's constant set: a config's block replaces the default
+            # whole (merging would leak GRPO/TARA defaults into, e.g., TRACE's constants).
             if isinstance(v, ConfigDict) and isinstance(dst.get(k), ConfigDict) and k != "adv":
                 merge(dst[k], v)
             else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import threading
 import time
@@ -287,8 +288,6 @@ class _AsyncRollouts:
     published as copies (the train step donates its state)."""
 
     def __init__(self, phase: _RLPhase, start: int, stop: int, max_staleness: int, pool):
-        import queue
-        import threading
         if phase.prog.nproc > 1:
             raise ValueError("config.rl.async_rollouts runs on one process; multi-host runs "
                              "sample synchronously")
