@@ -10,7 +10,7 @@ from toolverse_jax.envs import Catalog, EnvPool, EpisodeSpec
 from toolverse_jax.envs.pool import STATUSES
 
 CAT = Catalog.default()
-SERVERS = tuple(s for s in ("filesystem", "git", "mail", "bank", "jira", "memory")
+SERVERS = tuple(s for s in ("filesystem", "git", "sqlite", "mail", "bank", "jira", "memory")
                 if s in CAT and CAT.entry(s).available)
 
 _traversal = st.sampled_from(["../../../../outside/pwned", "/etc/passwd", "../" * 12 + "etc/shadow", "~/.ssh/id_rsa",

@@ -277,8 +277,9 @@ def instance_state(instance: Any) -> dict:
 
 # ----------------------------------------------------------------------------- MCP server
 
-def build_server(server: str):
-    """Returns the MCPServer serving BFCL API class CLASSES[server], one instance per episode."""
+def build_server(server: str, control_token: str | None = None):
+    """Returns the MCPServer serving BFCL API class CLASSES[server], one instance per episode
+    (`control_token`: see builtin/base.py:EpisodeControl; None reads it from the environment)."""
     from mcp.types import CallToolResult, TextContent
     from mcp.server.mcpserver import MCPServer
     from mcp_types import Tool as MCPTool
@@ -299,18 +300,16 @@ def build_server(server: str):
             super().__init__(server, instructions=f"BFCL {class_name} (bfcl-eval {BFCL_VERSION})",
                              log_level="WARNING")
             self.episodes = base.EpisodeStates(fresh)
-            base.add_hidden_tools(self, self.episodes, instance_state)
+            self.control = base.EpisodeControl(self.episodes, instance_state, token=control_token)
 
         async def list_tools(self):
-            hidden = await super().list_tools()
-            return hidden + [MCPTool(name=t["name"], description=t["description"],
-                                     input_schema=t["inputSchema"]) for t in tools]
+            return [MCPTool(name=t["name"], description=t["description"], input_schema=t["inputSchema"])
+                    for t in tools]
 
         async def _handle_call_tool(self, ctx, params):
             episode = base.episode_of(ctx.meta)
-            if params.name.startswith(base.HIDDEN_PREFIX):
-                with base.hidden_call(episode):
-                    return await super()._handle_call_tool(ctx, params)
+            if self.control.handles(params.name):
+                return self.control.call(ctx.meta, params.name, dict(params.arguments or {}))
 
             def reply(text: str, is_error: bool):
                 return CallToolResult(content=[TextContent(type="text", text=text)], is_error=is_error)

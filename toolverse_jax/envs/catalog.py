@@ -44,7 +44,7 @@ class ServerEntry:
     launch: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
     description: str = ""
     shared: bool = False          # one process serves many episodes (state keyed by episode id)
-    stateful: bool = False        # has hidden _tv_state (built-in / synthesized)
+    stateful: bool = False        # has a control plane (reset/state/close, builtin/base.py:EpisodeControl)
     sandbox: str = "empty"        # sandbox layout, see sandbox.LAYOUTS
     path_params: tuple = ()
     path_root: str = "{sandbox}"

@@ -2,8 +2,10 @@
 observation, the agent-visible tool names, and the protocol constants servers share.
 
 `EPISODE_META_KEY` names the episode in a request's `_meta` (shared servers keep many episodes'
-state in one process); tools whose names start with `HIDDEN_PREFIX` reset, read and drop that
-state and are never shown to the agent.
+state in one process); requests whose names start with `HIDDEN_PREFIX` reset, read and drop that
+state. They are the pool's control plane, not tools: a server lists none of them and serves them
+only to a caller whose `_meta[CONTROL_META_KEY]` is the secret the pool handed the server process
+in `CONTROL_TOKEN_VAR` (builtin/base.py:EpisodeControl).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
 
 EPISODE_META_KEY = "toolverse/episode"
 HIDDEN_PREFIX = "_tv_"
+CONTROL_META_KEY = "toolverse/control"
+CONTROL_TOKEN_VAR = "TOOLVERSE_CONTROL_TOKEN"
 STATUSES = ("ok", "tool_error", "invalid_call", "timeout", "server_crashed")
 
 

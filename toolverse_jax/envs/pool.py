@@ -3,8 +3,9 @@
 Trainer side (this process): `EnvPool` with a synchronous, batched API. Each worker (spawned
 process, or the calling process when num_workers=0) runs an asyncio loop with a `WorkerCore`
 (worker.py) over `ServerConnection`s (connection.py). Server processes run in their own session
-(process group) under `setpriv --pdeathsig KILL`, so they die with their worker even when the
-worker is killed (procs.py); workers die with the trainer.
+(process group) and die with their worker even when the worker is killed (pdeathsig, procs.py);
+workers die with the trainer. Server processes are isolated (isolate.py: no network, writes only
+to their sandbox, resource limits) where the machine supports it (`isolation=`).
 
 The episode types live in episode.py and are re-exported here and from `toolverse_jax.envs`.
 """
@@ -25,6 +26,7 @@ from typing import Any
 from toolverse_jax.envs.catalog import Catalog
 from toolverse_jax.envs.episode import (EPISODE_META_KEY, STATUSES, Episode, EpisodeSpec,
                                         Observation, episode_tools)
+from toolverse_jax.envs.isolate import Isolation
 from toolverse_jax.envs.validate import MAX_ARGS_BYTES
 from toolverse_jax.envs.worker import WorkerCore, dispatch, worker_main
 
@@ -76,18 +78,24 @@ class EnvPool:
     in-memory, no subprocesses except third-party servers): for fast unit tests. Its asyncio
     loop runs on a thread of its own, so the pool also works where the caller's thread already
     runs a loop (Jupyter, an async application).
+
+    isolation: "auto" (default), "require", "off", or an `isolate.Isolation` with limits: how the
+    server processes this pool launches are confined (isolate.py); in-process servers are not.
     """
 
     _ids = itertools.count()
 
     def __init__(self, catalog: Catalog, num_workers: int = 2, call_timeout_s: float = 10.0,
-                 start_timeout_s: float = 60.0, max_arg_bytes: int = MAX_ARGS_BYTES, root: str | None = None):
+                 start_timeout_s: float = 60.0, max_arg_bytes: int = MAX_ARGS_BYTES, root: str | None = None,
+                 isolation: str | Isolation = "auto"):
         self.catalog = catalog
+        if isinstance(isolation, str):
+            isolation = Isolation(mode=isolation)
         self.num_workers = num_workers
         self.call_timeout_s = call_timeout_s
         self._root = root or tempfile.mkdtemp(prefix="toolverse_pool_")
         self._opts = dict(call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s,
-                          max_arg_bytes=max_arg_bytes)
+                          max_arg_bytes=max_arg_bytes, isolation=isolation)
         self._failed: set[str] = set()
         self._live: dict[str, Episode] = {}
         self._procs: list = []

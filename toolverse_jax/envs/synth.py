@@ -23,7 +23,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, ListToolsResult, TextContent, Tool
 
 from toolverse_jax.envs.builtin import fixtures
-from toolverse_jax.envs.builtin.base import EpisodeStates, episode_of
+from toolverse_jax.envs.builtin.base import EpisodeControl, EpisodeStates, episode_of
 from toolverse_jax.envs.episode import HIDDEN_PREFIX
 from toolverse_jax.envs.validate import InvalidCall, check_arguments
 
@@ -438,7 +438,7 @@ class ToolFailure(Exception):
 class Simulator:
     """Executes tool calls of one manifest against a SynthState."""
 
-    def __init__(self, server: str, tools: list[dict]):
+    def __init__(self, server: str, tools: list[dict], control_token: str | None = None):
         self.server = server
         self.tools = {t["name"]: t for t in tools}
         self.ops = infer_ops(tools, server)
@@ -539,13 +539,15 @@ def _text_result(obj: Any, is_error: bool = False, structured: bool = False) -> 
 class SynthServer(MCPServer):
     """MCP server that serves a manifest through a Simulator, many episodes per process."""
 
-    def __init__(self, server: str, tools: list[dict]):
+    def __init__(self, server: str, tools: list[dict], control_token: str | None = None):
         super().__init__(server, instructions=f"Simulated {server} (toolverse synthesizer)", log_level="WARNING")
         self.sim = Simulator(server, tools)
         self._tools = [Tool(name=t["name"], description=t.get("description") or "",
                             input_schema=t.get("inputSchema") or {"type": "object"},
                             output_schema=t.get("outputSchema")) for t in tools]
         self.episodes = EpisodeStates(self._fresh)
+        self.control = EpisodeControl(self.episodes, read=lambda st: st.dump(), drop=lambda st: st.close(),
+                                      token=control_token)
         self._mem = 0
 
     def _fresh(self, seed: int, sandbox: str | None) -> SynthState:
@@ -566,20 +568,8 @@ class SynthServer(MCPServer):
         episode = episode_of(ctx.meta)
         args = params.arguments or {}
         name = params.name
-        if name == "_tv_reset":
-            old = self.episodes.states.pop(episode, None)
-            if old is not None:
-                old.close()
-            self.episodes.states[episode] = self._fresh(int(args.get("seed", 0)), args.get("sandbox"))
-            return _text_result({"episode": episode, "ok": True})
-        if name == "_tv_state":
-            st = self.episodes.states.get(episode)
-            return _text_result({"state": st.dump() if st else None})
-        if name == "_tv_close":
-            st = self.episodes.states.pop(episode, None)
-            if st is not None:
-                st.close()
-            return _text_result({"ok": st is not None})
+        if self.control.handles(name):
+            return self.control.call(ctx.meta, name, args)
         spec = self.sim.tools.get(name)
         if spec is None:
             return _text_result(f"Unknown tool: {name}; tools: {sorted(self.sim.tools)[:30]}", is_error=True)
@@ -596,10 +586,11 @@ class SynthServer(MCPServer):
         return _text_result(out, structured=spec.get("outputSchema") is not None)
 
 
-def build_server(manifest_path: str) -> SynthServer:
-    """Returns a SynthServer for the manifest at `manifest_path`."""
+def build_server(manifest_path: str, control_token: str | None = None) -> SynthServer:
+    """Returns a SynthServer for the manifest at `manifest_path` (`control_token`: see
+    builtin/base.py:EpisodeControl; None reads it from the environment)."""
     name, tools = load_manifest(manifest_path)
-    return SynthServer(name, tools)
+    return SynthServer(name, tools, control_token)
 
 
 def main(argv=None) -> None:

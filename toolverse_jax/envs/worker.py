@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import time
@@ -22,10 +23,11 @@ import traceback
 import uuid
 from typing import Any
 
+from toolverse_jax.envs import isolate as isolate_lib
 from toolverse_jax.envs import sandbox as sandbox_lib
 from toolverse_jax.envs.catalog import Catalog, ServerEntry
 from toolverse_jax.envs.connection import ServerConnection, result_text
-from toolverse_jax.envs.episode import EPISODE_META_KEY
+from toolverse_jax.envs.episode import CONTROL_META_KEY, CONTROL_TOKEN_VAR, EPISODE_META_KEY
 from toolverse_jax.envs.procs import SERVER_TAG_VAR, child_pids, kill_group, set_pdeathsig, tag_of
 from toolverse_jax.envs.validate import InvalidCall, check_arguments, confine_paths
 
@@ -49,8 +51,11 @@ class WorkerCore:
     """Everything a worker does, as coroutines; used by worker processes and in-process mode."""
 
     def __init__(self, catalog: Catalog, root: str, in_process: bool, call_timeout_s: float,
-                 start_timeout_s: float, max_arg_bytes: int):
+                 start_timeout_s: float, max_arg_bytes: int,
+                 isolation: isolate_lib.Isolation = isolate_lib.Isolation()):
         self.catalog, self.root, self.in_process = catalog, root, in_process
+        self.isolation = isolation
+        self.control_token = secrets.token_hex(16)  # what the servers this core starts obey
         self.call_timeout_s, self.start_timeout_s, self.max_arg_bytes = call_timeout_s, start_timeout_s, max_arg_bytes
         self.shared: dict[str, ServerConnection] = {}
         self.eps: dict[str, _Ep] = {}
@@ -68,15 +73,19 @@ class WorkerCore:
             self.specs[server] = {t["name"]: t for t in self.catalog.list_tools(server)}
         return self.specs[server]
 
+    def _control(self, eid: str) -> dict:
+        """The `_meta` of a control-plane request for episode `eid` (see EpisodeControl)."""
+        return {EPISODE_META_KEY: eid, CONTROL_META_KEY: self.control_token}
+
     def _target(self, e: ServerEntry, sandbox: str):
         if self.in_process and e.kind == "builtin":
             from toolverse_jax.envs.builtin.run import build_server
 
-            return build_server(e.name), None
+            return build_server(e.name, self.control_token), None
         if self.in_process and e.kind == "synthesized":
             from toolverse_jax.envs.synth import build_server
 
-            return build_server(e.manifest_path), None
+            return build_server(e.manifest_path, self.control_token), None
         from mcp import StdioServerParameters
 
         tag = uuid.uuid4().hex
@@ -85,9 +94,21 @@ class WorkerCore:
         env.update({SERVER_TAG_VAR: tag, "TOOLVERSE_POOL_ROOT": self.root, "PYTHONPATH": os.pathsep.join(
             p for p in (e.format("{repo}"), os.environ.get("PYTHONPATH", "")) if p),
             "PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")})
+        if e.stateful:  # only our own servers have a control plane; no third-party server sees it
+            env[CONTROL_TOKEN_VAR] = self.control_token
         cmd = e.format(launch["command"], sandbox)
         args = [e.format(a, sandbox) for a in launch.get("args", [])]
-        if shutil.which("setpriv"):
+        # A shared server holds many episodes' sandboxes (all under this worker's root); an
+        # episode's own server may write only its sandbox and a scratch directory beside it.
+        writable = self.root if e.shared else sandbox
+        tmp = os.path.join(self.root, ".tmp") if e.shared else os.path.join(
+            os.path.dirname(sandbox), f".tmp-{os.path.basename(sandbox)}")
+        prefix = self.isolation.prefix([writable, tmp], shared=e.shared)
+        if prefix:
+            os.makedirs(tmp, exist_ok=True)
+            env["TMPDIR"] = tmp
+            cmd, args = prefix[0], [*prefix[1:], cmd, *args]
+        elif shutil.which("setpriv"):
             cmd, args = "setpriv", ["--pdeathsig", "KILL", "--", cmd, *args]
         cwd = e.format(launch["cwd"], sandbox) if launch.get("cwd") else (sandbox or None)
         return StdioServerParameters(command=cmd, args=args, env=env, cwd=cwd), tag
@@ -153,7 +174,7 @@ class WorkerCore:
                     ep.conns[s] = conn
                     if e.stateful:
                         res = await asyncio.wait_for(conn.client.call_tool(
-                            "_tv_reset", {"seed": seed, "sandbox": sb}, meta={EPISODE_META_KEY: eid}),
+                            "_tv_reset", {"seed": seed, "sandbox": sb}, meta=self._control(eid)),
                             self.start_timeout_s)
                         if res.is_error:
                             raise RuntimeError(f"{s}: reset failed: {result_text(res)}")
@@ -253,7 +274,7 @@ class WorkerCore:
             e = self.catalog.entry(s)
             conn = ep.conns.get(s)
             if e.stateful and conn is not None and conn.alive() and not ep.failed:
-                res = await asyncio.wait_for(conn.client.call_tool("_tv_state", {}, meta={EPISODE_META_KEY: eid}),
+                res = await asyncio.wait_for(conn.client.call_tool("_tv_state", {}, meta=self._control(eid)),
                                              self.call_timeout_s)
                 out[s] = json.loads(result_text(res))["state"] if not res.is_error else None
             elif s in ep.sandboxes:
@@ -275,7 +296,7 @@ class WorkerCore:
             if e.shared:
                 if e.stateful and conn.alive():
                     try:
-                        await asyncio.wait_for(conn.client.call_tool("_tv_close", {}, meta={EPISODE_META_KEY: eid}),
+                        await asyncio.wait_for(conn.client.call_tool("_tv_close", {}, meta=self._control(eid)),
                                                self.call_timeout_s)
                     except BaseException:  # noqa: BLE001
                         pass

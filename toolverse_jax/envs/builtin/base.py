@@ -3,24 +3,28 @@
 A domain is a set of typed tool functions plus `init_state(rng, seed, sandbox) -> dict` (JSON-able).
 `DomainServer` serves a domain with the SDK's `MCPServer`; one process holds the state of many
 episodes keyed by the episode id the client sends in the request `_meta` (so the env pool can
-share one server process across episodes). Hidden tools (`_tv_*`, never shown to the agent)
-reset, read and drop an episode's state.
+share one server process across episodes). `EpisodeControl` resets, reads and drops an
+episode's state for the env pool alone: its calls are not MCP tools (tools/list never shows them)
+and are refused to any client that does not hold the secret the pool gave the server process.
 """
 
 import contextlib
 import contextvars
 import copy
 import functools
+import hmac
 import inspect
 import json
 import logging
+import os
 import random
 from typing import Any, Callable
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
 
-from toolverse_jax.envs.episode import EPISODE_META_KEY, HIDDEN_PREFIX
+from toolverse_jax.envs.episode import CONTROL_META_KEY, CONTROL_TOKEN_VAR, EPISODE_META_KEY, HIDDEN_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +131,6 @@ def episode_state(state: dict):
     return _bound(_STATE, state)
 
 
-def hidden_call(episode: str):
-    """Makes `episode` what `current_episode()` returns inside the block (a hidden-tool call)."""
-    return _bound(_EPISODE, episode)
-
-
 class EpisodeStates:
     """Per-episode state store shared by DomainServer and the synthesizer."""
 
@@ -150,28 +149,24 @@ class EpisodeStates:
 class DomainServer(MCPServer):
     """MCPServer for one Domain, holding the state of many episodes."""
 
-    def __init__(self, domain: Domain):
+    def __init__(self, domain: Domain, control_token: str | None = None):
         super().__init__(domain.name, instructions=domain.description, log_level="WARNING")
         self.domain = domain
         self.episodes = EpisodeStates(domain.fresh_state)
+        self.control = EpisodeControl(self.episodes, _public, token=control_token)
         self._fns = {}
         for fn in domain.tools:
             self.add_tool(_as_async(fn), name=fn.__name__, description=(fn.__doc__ or "").strip())
             if not inspect.iscoroutinefunction(fn):
                 self._fns[fn.__name__] = fn
-        add_hidden_tools(self, self.episodes, lambda st: _public(st))
 
     async def _handle_call_tool(self, ctx, params):
-        episode = episode_of(ctx.meta)
-        if params.name.startswith(HIDDEN_PREFIX):
-            with hidden_call(episode):
-                return await super()._handle_call_tool(ctx, params)
+        if self.control.handles(params.name):
+            return self.control.call(ctx.meta, params.name, params.arguments or {})
         try:
-            state = self.episodes.get(episode)
+            state = self.episodes.get(episode_of(ctx.meta))
         except ToolError as e:
-            from mcp.types import CallToolResult, TextContent
-
-            return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
+            return text_result(str(e), is_error=True)
         with episode_state(state):
             if params.name in self._fns:
                 return self._fast_call(params.name, params.arguments or {})
@@ -181,11 +176,10 @@ class DomainServer(MCPServer):
         """Runs a tool like the SDK's tool manager does, minus the per-call Context and output
         re-validation (the tools' TypedDict returns are checked against outputSchema in tests);
         it halves the server's CPU per call."""
-        from mcp.types import CallToolResult, TextContent
         from pydantic import ValidationError
 
         def error(text):
-            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+            return text_result(text, is_error=True)
 
         fn = self._fns.get(name)
         tool = self._tool_manager.get_tool(name)
@@ -206,41 +200,62 @@ class DomainServer(MCPServer):
                               structured_content=out)
 
 
-_EPISODE: contextvars.ContextVar[str] = contextvars.ContextVar("tv_episode", default=DEFAULT_EPISODE)
-
-
-def current_episode() -> str:
-    """Returns the episode id of the current hidden-tool call."""
-    return _EPISODE.get()
-
-
 def _public(st: dict) -> dict:
     return json.loads(json.dumps({k: v for k, v in st.items() if not k.startswith("_")}))
 
 
-def add_hidden_tools(server: MCPServer, episodes: EpisodeStates, read: Callable[[Any], dict],
-                     drop: Callable[[Any], None] | None = None) -> None:
-    """Adds `_tv_reset`, `_tv_state`, `_tv_close` (the pool's control plane) to `server`."""
+def text_result(obj: Any, is_error: bool = False) -> CallToolResult:
+    """Returns a CallToolResult whose one text content is `obj` (a string, or JSON of it)."""
+    text = obj if isinstance(obj, str) else json.dumps(obj, indent=1)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=is_error)
 
-    async def _tv_reset(seed: int = 0, sandbox: str | None = None) -> dict:
-        ep = current_episode()
-        if ep in episodes.states and drop is not None:
-            drop(episodes.states[ep])
-        episodes.states[ep] = episodes.fresh(seed, sandbox)
-        return {"episode": ep, "ok": True}
 
-    async def _tv_state() -> dict:
-        return {"state": read(episodes.get(current_episode()))}
+class EpisodeControl:
+    """The env pool's control plane of a server that holds many episodes' state.
 
-    async def _tv_close() -> dict:
-        st = episodes.states.pop(current_episode(), None)
-        if st is not None and drop is not None:
-            drop(st)
-        return {"ok": st is not None}
+    `_tv_reset {seed, sandbox}`, `_tv_state {}` and `_tv_close {}` act on the episode the request's
+    `_meta` names. They are not MCP tools: they never appear in tools/list, and a call is served
+    only when its `_meta` carries the secret token the pool gave this server process (in
+    CONTROL_TOKEN_VAR, read once at start and removed from the environment, or passed in by an
+    in-process pool). Any other client (an MCP host serving these servers to an agent, say) gets
+    the same "Unknown tool" error as for a name that does not exist; a server started without a
+    token serves only its default episode.
+    """
 
-    for fn in (_tv_reset, _tv_state, _tv_close):
-        server.add_tool(fn, name=fn.__name__, description="internal (env pool control)",
-                        structured_output=False)
+    def __init__(self, episodes: EpisodeStates, read: Callable[[Any], Any],
+                 drop: Callable[[Any], None] | None = None, token: str | None = None):
+        self.episodes, self.read, self.drop = episodes, read, drop
+        self.token = token if token is not None else os.environ.pop(CONTROL_TOKEN_VAR, "")
+
+    @staticmethod
+    def handles(name: str) -> bool:
+        """True for the names this plane owns (HIDDEN_PREFIX); no tool may use that prefix."""
+        return name.startswith(HIDDEN_PREFIX)
+
+    def allowed(self, meta: Any) -> bool:
+        got = _meta_get(meta, CONTROL_META_KEY)
+        return bool(self.token) and isinstance(got, str) and hmac.compare_digest(got, self.token)
+
+    def call(self, meta: Any, name: str, args: dict) -> CallToolResult:
+        """Serves one control request, or answers it like an unknown tool."""
+        if not self.allowed(meta):
+            return text_result(f"Unknown tool: {name}", is_error=True)
+        ep, states = episode_of(meta), self.episodes.states
+        if name == "_tv_reset":
+            if ep in states and self.drop is not None:
+                self.drop(states[ep])
+            states[ep] = self.episodes.fresh(int(args.get("seed", 0)), args.get("sandbox"))
+            return text_result({"episode": ep, "ok": True})
+        if name == "_tv_state":
+            if ep not in states:
+                return text_result(f"episode '{ep}' has no state on this server", is_error=True)
+            return text_result({"state": self.read(states[ep])})
+        if name == "_tv_close":
+            st = states.pop(ep, None)
+            if st is not None and self.drop is not None:
+                self.drop(st)
+            return text_result({"ok": st is not None})
+        return text_result(f"Unknown tool: {name}", is_error=True)
 
 
 def clone(x: Any) -> Any:

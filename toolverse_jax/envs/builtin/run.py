@@ -17,11 +17,12 @@ def load_domain(name: str):
     return importlib.import_module(f"toolverse_jax.envs.builtin.{name}").DOMAIN
 
 
-def build_server(name: str):
-    """Returns a DomainServer (MCPServer) for built-in server `name`."""
+def build_server(name: str, control_token: str | None = None):
+    """Returns a DomainServer (MCPServer) for built-in server `name` (`control_token`: see
+    base.EpisodeControl; None reads it from the environment)."""
     from toolverse_jax.envs.builtin.base import DomainServer
 
-    return DomainServer(load_domain(name))
+    return DomainServer(load_domain(name), control_token)
 
 
 def main(argv=None) -> None:
