@@ -94,6 +94,9 @@ def tool_use() -> ConfigDict:
     # Fraction of the train split whose gold chains are SFT demonstrations; the rest are the RL
     # tasks (unseen by the warm start, like the held-out ones). 1.0 = both phases use it all.
     c.tasks.sft_fraction = 1.0
+    # Non-empty: SFT demonstrates only tasks on these servers and RL trains on the tasks of the
+    # others (environments the warm start has never seen a demonstration of).
+    c.tasks.sft_servers = ()
     c.tasks.max_literal_chars = 0   # > 0: keep tasks whose gold literals are at most this long
     c.tasks.search_kinds = ()       # source == "search": question templates (() = all)
     c.tasks.corpus_dir = ""         # source == "search": a BrowseComp-Plus dir ("" = synthetic)

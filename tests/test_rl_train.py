@@ -343,6 +343,17 @@ def test_phase_pools_split_sft_and_rl_tasks():
         phase_pools(train, 0.01)
 
 
+def test_phase_pools_split_by_server():
+    import types
+
+    from toolverse_jax.rl.tool_use import phase_pools
+    train = [types.SimpleNamespace(id=i, servers=(s,)) for i, s in enumerate(["notes", "shop", "notes", "mail"])]
+    a, b = phase_pools(train, 1.0, ("notes",))
+    assert [t.id for t in a] == [0, 2] and [t.id for t in b] == [1, 3]
+    with pytest.raises(ValueError, match="sft_servers"):
+        phase_pools(train, 1.0, ("calendar",))
+
+
 def test_async_rollouts_at_staleness_0_reproduce_the_synchronous_run(full_run, tmp_path):
     """rl.async_rollouts with max_staleness 0: the rollout thread waits for every update, so
     the run equals the synchronous one bit for bit; staleness 1 samples step s with version
