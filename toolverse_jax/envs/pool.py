@@ -30,13 +30,17 @@ from toolverse_jax.envs.isolate import Isolation
 from toolverse_jax.envs.validate import MAX_ARGS_BYTES
 from toolverse_jax.envs.worker import WorkerCore, dispatch, worker_main
 
-__all__ = ["EPISODE_META_KEY", "STATUSES", "EnvPool", "Episode", "EpisodeSpec", "Observation",
+BACKENDS = ("process", "ray")
+
+__all__ = ["BACKENDS", "EPISODE_META_KEY", "STATUSES", "EnvPool", "Episode", "EpisodeSpec", "Observation",
            "episode_tools"]
 
 log = logging.getLogger(__name__)
 
 
-def _shutdown(procs: list, pipes: list, local: list, root: str) -> None:
+def _shutdown(procs: list, pipes: list, local: list, root: str, ray_workers: list) -> None:
+    if ray_workers:
+        ray_workers[0].shutdown()
     for p, c in zip(procs, pipes):
         try:
             if p.is_alive():
@@ -81,14 +85,23 @@ class EnvPool:
 
     isolation: "auto" (default), "require", "off", or an `isolate.Isolation` with limits: how the
     server processes this pool launches are confined (isolate.py); in-process servers are not.
+    backend: "process" (default: spawned worker processes on this machine) or "ray" (one Ray
+    actor per worker, anywhere in the cluster; `ray_options` go to `actor.options`, e.g.
+    {"resources": {"env_node": 1}}; see ray_backend.py).
     """
 
     _ids = itertools.count()
 
     def __init__(self, catalog: Catalog, num_workers: int = 2, call_timeout_s: float = 10.0,
                  start_timeout_s: float = 60.0, max_arg_bytes: int = MAX_ARGS_BYTES, root: str | None = None,
-                 isolation: str | Isolation = "auto"):
+                 isolation: str | Isolation = "auto", backend: str = "process",
+                 ray_options: dict | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"EnvPool backend must be one of {BACKENDS}; got {backend!r}")
+        if backend == "ray" and num_workers < 1:
+            raise ValueError("EnvPool(backend='ray') needs num_workers >= 1 (one actor per worker)")
         self.catalog = catalog
+        self.backend = backend
         if isinstance(isolation, str):
             isolation = Isolation(mode=isolation)
         self.num_workers = num_workers
@@ -101,8 +114,13 @@ class EnvPool:
         self._procs: list = []
         self._pipes: list = []
         self._local: list = []
+        self._ray: list = []
         self._closed = False
-        if num_workers == 0:
+        if backend == "ray":
+            from toolverse_jax.envs.ray_backend import RayWorkers
+
+            self._ray.append(RayWorkers(catalog, num_workers, self._opts, ray_options))
+        elif num_workers == 0:
             core = WorkerCore(catalog, root=os.path.join(self._root, "w0"), in_process=True, **self._opts)
             loop = asyncio.new_event_loop()
             thread = threading.Thread(target=loop.run_forever, name="envpool-local", daemon=True)
@@ -113,7 +131,8 @@ class EnvPool:
                 self._procs.append(None)
                 self._pipes.append(None)
                 self._start_worker(w)
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._pipes, self._local, self._root)
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._pipes, self._local, self._root,
+                                           self._ray)
 
     def _start_worker(self, w: int) -> None:
         ctx = mp.get_context("spawn")
@@ -129,6 +148,8 @@ class EnvPool:
         """Sends one message to each listed worker, then collects every reply."""
         if self._closed:
             raise RuntimeError("EnvPool is closed; create a new one")
+        if self._ray:
+            return self._collect(self._ray[0].request(per_worker))
         if self.num_workers == 0:
             loop, core, _ = self._local
             out = {}
@@ -138,14 +159,24 @@ class EnvPool:
             return out
         for w, msg in per_worker.items():
             self._pipes[w].send(msg)
-        out, errors = {}, []
+        replies = {}
         for w in per_worker:
             try:
-                status, res, failed = self._pipes[w].recv()
+                replies[w] = self._pipes[w].recv()
             except (EOFError, OSError):
+                replies[w] = None
+        return self._collect(replies)
+
+    def _collect(self, replies: dict[int, tuple | None]) -> dict[int, Any]:
+        """Returns each worker's result from its (status, result, failed ids) reply; a worker
+        that died (None) gets its episodes failed and result None; errors raise together."""
+        out, errors = {}, []
+        for w, reply in replies.items():
+            if reply is None:
                 self._worker_died(w)
                 out[w] = None
                 continue
+            status, res, failed = reply
             self._failed.update(failed)
             if status == "error":
                 errors.append(f"worker {w}: {res}")
@@ -159,6 +190,8 @@ class EnvPool:
         for ep in self._live.values():
             if ep.worker == w:
                 self._failed.add(ep.id)
+        if self._ray:
+            return  # Ray restarts the actor (max_restarts=-1)
         self._procs[w].join(1)
         self._start_worker(w)
 

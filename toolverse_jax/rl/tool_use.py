@@ -389,6 +389,7 @@ class ToolUseProgram:
                          else contextlib.nullcontext)
         self.sft_pool, self.rl_pool = phase_pools(tasks["train"], tu.tasks.sft_fraction,
                                                   tu.tasks.sft_servers)
+        self.sft_servers = set(tu.tasks.sft_servers)
         self.eval_tasks = tasks["eval"][:tu.eval_tasks][self.pid::nproc]
         # A fixed probe of RL tasks sampled like training rollouts at every eval: train-rollout
         # success moves with which tasks a step drew (every arm of a sweep sees the same
@@ -429,7 +430,14 @@ class ToolUseProgram:
             with self.on_local(), self.pool_lock:
                 trajs = run_rollouts(SamplerPolicy(local, self.cfg, sp), tasks_, 1, pool,
                                      self.tokenizer, self.rcfg, jax.random.key(key), seed=seed)
-            return {**rollout_metrics(trajs, prefix), f"{prefix}/time_s": time.time() - t0}
+            out = {**rollout_metrics(trajs, prefix), f"{prefix}/time_s": time.time() - t0}
+            if self.sft_servers and prefix == "eval":
+                # tasks on servers SFT demonstrated vs on servers only RL trained on
+                seen = {t.id for t in tasks_ if set(t.servers) <= self.sft_servers}
+                for name, keep in (("seen", True), ("unseen", False)):
+                    part = [tr for tr in trajs if (tr.task_id in seen) == keep]
+                    out.update(rollout_metrics(part, f"eval_{name}"))
+            return out
 
         m = measure(self.eval_tasks, self.greedy, 0, 10_000, "eval")
         if distributed.global_any(bool(self.probe_tasks)):
