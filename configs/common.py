@@ -37,6 +37,9 @@ def _base(method: str) -> ConfigDict:
     c.env.call_timeout_s = 10.0
     c.env.include_hidden = False    # serve opt-in (hidden) catalog servers too
     c.env.corpus_env = "TOOLVERSE_SEARCH_CORPUS"  # env var the search server reads its corpus from
+    c.env.backend = "process"       # "process" (this machine) | "ray" (actors in a Ray cluster)
+    c.env.isolation = "auto"        # server processes: "auto" | "require" | "off" (envs/isolate.py)
+    c.env.server_mem_mb = 4096      # address-space limit of each isolated server process
 
     c.sft = ConfigDict()
     c.sft.steps = 0

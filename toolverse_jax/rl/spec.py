@@ -80,10 +80,17 @@ class EnvSpec:
     call_timeout_s: float
     include_hidden: bool
     corpus_env: str
+    backend: str = "process"
+    isolation: str = "auto"
+    server_mem_mb: int = 4096
 
     def pool_kwargs(self) -> dict[str, Any]:
         """Returns the EnvPool keyword arguments (after the catalog)."""
-        return {"num_workers": self.num_workers, "call_timeout_s": self.call_timeout_s}
+        from toolverse_jax.envs.isolate import Isolation
+
+        return {"num_workers": self.num_workers, "call_timeout_s": self.call_timeout_s,
+                "backend": self.backend,
+                "isolation": Isolation(mode=self.isolation, mem_mb=self.server_mem_mb)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +276,8 @@ class RunSpec:
                             m.dtype, bool(m.remat)),
             mesh_shape=tuple(c.mesh.shape),
             env=EnvSpec(int(c.env.num_workers), float(c.env.call_timeout_s),
-                        bool(c.env.include_hidden), c.env.corpus_env),
+                        bool(c.env.include_hidden), c.env.corpus_env, c.env.backend,
+                        c.env.isolation, int(c.env.server_mem_mb)),
             sft=sft, rl=rl,
             schedule=Schedule(sft.steps, rl.steps, int(t.eval_every), int(t.sft_eval_every),
                               int(t.checkpoint_every), int(t.keep_checkpoints)),
