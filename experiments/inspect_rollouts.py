@@ -27,6 +27,9 @@ _K = flags.DEFINE_integer("k", 1, "rollouts per task")
 _TEMP = flags.DEFINE_float("temperature", 0.0, "sampling temperature (0 = greedy)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
 _QUIET = flags.DEFINE_bool("quiet", False, "only the JSON summary line")
+_SCOPE = flags.DEFINE_enum("scope", "all", ["all", "seen", "unseen"],
+                           "with config.tasks.sft_servers: only tasks on those servers (seen) or "
+                           "on the others (unseen)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -41,7 +44,7 @@ def summarize(trajs) -> dict:
 
 
 def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
-            temperature: float = 0.0, step: int | None = None):
+            temperature: float = 0.0, step: int | None = None, scope: str = "all"):
     """Returns (summary dict, trajectories, tokenizer) for `n` tasks of the run's `split`."""
     from toolverse_jax.envs import EnvPool
     from toolverse_jax.eval.policies import load_orbax_params
@@ -54,7 +57,13 @@ def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
     spec = RunSpec.from_config(config)
     tu = spec.tool_use
     splits = tool_use.load_tasks(tu.tasks, tu.rollout, spec.env, workdir)
-    tasks = splits[split][:n]
+    tasks = splits[split]
+    if scope != "all":
+        if not tu.tasks.sft_servers:
+            raise ValueError(f"--scope={scope} needs config.tasks.sft_servers")
+        seen = set(tu.tasks.sft_servers)
+        tasks = [t for t in tasks if (set(t.servers) <= seen) == (scope == "seen")]
+    tasks = tasks[:n]
     catalog = tool_use.run_catalog(spec.env)
     tokenizer = tool_use.build_tokenizer(spec.model, tu.rollout, splits["train"], catalog,
                                          workdir)
@@ -63,7 +72,7 @@ def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
     with EnvPool(catalog, **spec.env.pool_kwargs()) as pool:
         trajs = run_rollouts(SamplerPolicy(params, cfg, sampling), tasks, k, pool, tokenizer,
                              tu.rollout, jax.random.key(spec.seed), seed=10_000)
-    summary = {"step": got_step, "split": split, "k": k, "temperature": temperature,
+    summary = {"step": got_step, "split": split, "scope": scope, "k": k, "temperature": temperature,
                **summarize(trajs)}
     return summary, trajs, tokenizer
 
@@ -71,7 +80,7 @@ def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
 def main(argv):
     del argv
     summary, trajs, tok = inspect(_CONFIG.value, _WORKDIR.value, _SPLIT.value, _N.value, _K.value,
-                                  _TEMP.value, _STEP.value)
+                                  _TEMP.value, _STEP.value, _SCOPE.value)
     if not _QUIET.value:
         for t in trajs:
             print("=" * 30, t.task_id, "success" if t.success else "fail", t.end_reason,
