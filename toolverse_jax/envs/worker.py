@@ -94,7 +94,10 @@ class WorkerCore:
         env.update({SERVER_TAG_VAR: tag, "TOOLVERSE_POOL_ROOT": self.root, "PYTHONPATH": os.pathsep.join(
             p for p in (e.format("{repo}"), os.environ.get("PYTHONPATH", "")) if p),
             "PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")})
-        if e.stateful:  # only our own servers have a control plane; no third-party server sees it
+        if e.stateful:  # our own servers: their settings (TOOLVERSE_SEARCH_CORPUS, ...) and the
+            # control-plane token; no third-party server sees either
+            env.update({k: v for k, v in os.environ.items()
+                        if k.startswith("TOOLVERSE_") and k not in env and k != SERVER_TAG_VAR})
             env[CONTROL_TOKEN_VAR] = self.control_token
         cmd = e.format(launch["command"], sandbox)
         args = [e.format(a, sandbox) for a in launch.get("args", [])]

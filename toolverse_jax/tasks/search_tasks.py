@@ -15,6 +15,7 @@ alias); `check_answer(task, text)` accepts any of them (`Task.check` reads only 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from typing import Iterable
@@ -109,16 +110,26 @@ def generate_search_tasks(n: int, seed: int = 0, kinds: Iterable[str] = TEMPLATE
     return tasks
 
 
-def load_browsecomp_plus(path: str, limit: int | None = None) -> list:
+def load_browsecomp_plus(path: str, limit: int | None = None, build_index: bool = True) -> list:
     """Returns `Task`s from a BrowseComp-Plus-format directory (or a queries .jsonl file).
 
     No gold tool stages (the dataset has none); `meta["gold_docids"]` holds the evidence/gold
-    docs when given. Serve the matching corpus with TOOLVERSE_SEARCH_CORPUS=<dir>.
+    docs when given. Serve the matching corpus with TOOLVERSE_SEARCH_CORPUS=<dir>. With
+    `build_index`, a directory's corpus gets its saved BM25 index here (built once if missing or
+    stale), so the search server processes memory-map it instead of each building one.
     """
     qpath = path if os.path.isfile(path) else os.path.join(path, "queries.jsonl")
     if not os.path.isfile(qpath):
         raise FileNotFoundError(f"no queries at {qpath!r}: expected queries.jsonl with lines "
                                 f"{{'query_id', 'query', 'answer'}}")
+    if build_index and os.path.isdir(path):
+        from toolverse_jax.envs.builtin import search as srv
+        try:
+            srv.ensure_index(path)
+        except FileNotFoundError:  # queries only: the corpus is served from elsewhere
+            pass
+        except OSError as e:  # read-only everywhere: the servers build in memory (and say so)
+            logging.getLogger(__name__).warning("no saved search index: %s", e)
     tasks = []
     with open(qpath) as f:
         for n, line in enumerate(f, 1):
