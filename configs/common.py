@@ -100,6 +100,7 @@ def tool_use() -> ConfigDict:
     # Non-empty: SFT demonstrates only tasks on these servers and RL trains on the tasks of the
     # others (environments the warm start has never seen a demonstration of).
     c.tasks.sft_servers = ()
+    c.tasks.unseen_demos = 0        # with sft_servers: this many demonstrations of the others too
     c.tasks.max_literal_chars = 0   # > 0: keep tasks whose gold literals are at most this long
     c.tasks.search_kinds = ()       # source == "search": question templates (() = all)
     c.tasks.corpus_dir = ""         # source == "search": a BrowseComp-Plus dir ("" = synthetic)

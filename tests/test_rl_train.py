@@ -352,6 +352,8 @@ def test_phase_pools_split_by_server():
     assert [t.id for t in a] == [0, 2] and [t.id for t in b] == [1, 3]
     with pytest.raises(ValueError, match="sft_servers"):
         phase_pools(train, 1.0, ("calendar",))
+    a, b = phase_pools(train, 1.0, ("notes",), unseen_demos=1)
+    assert [t.id for t in a] == [0, 2, 1] and [t.id for t in b] == [3]
 
 
 def test_async_rollouts_at_staleness_0_reproduce_the_synchronous_run(full_run, tmp_path):

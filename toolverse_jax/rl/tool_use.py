@@ -131,20 +131,23 @@ def filter_tasks(tasks: list[Task], rcfg: RolloutConfig, limit: int = 0) -> list
     return kept
 
 
-def phase_pools(train: list[Task], sft_fraction: float,
-                sft_servers: tuple[str, ...] = ()) -> tuple[list[Task], list[Task]]:
+def phase_pools(train: list[Task], sft_fraction: float, sft_servers: tuple[str, ...] = (),
+                unseen_demos: int = 0) -> tuple[list[Task], list[Task]]:
     """Returns (SFT tasks, RL tasks) from the train split. With `sft_servers`, SFT gets the tasks
     whose servers all lie in it and RL every other task (RL on environments no demonstration
-    showed). Else sft_fraction >= 1: both phases use the whole split (the same list); below 1:
+    showed), except that the first `unseen_demos` of those also become SFT demonstrations (and
+    leave the RL pool): a few demonstrations of the new environments. Else sft_fraction >= 1: both phases use the whole split (the same list); below 1:
     the first fraction of the (already shuffled) split gives the SFT demonstrations and the
     rest the RL tasks, so RL trains on tasks the warm start never saw (as the held-out ones are)."""
     if sft_servers:
         known = set(sft_servers)
         sft = [t for t in train if set(t.servers) <= known]
         rl = [t for t in train if not set(t.servers) <= known]
+        sft, rl = sft + rl[:unseen_demos], rl[unseen_demos:]
         if not sft or not rl:
-            raise ValueError(f"config.tasks.sft_servers={tuple(sft_servers)} leaves {len(sft)} SFT and "
-                             f"{len(rl)} RL tasks of the {len(train)} train tasks (their servers: "
+            raise ValueError(f"config.tasks.sft_servers={tuple(sft_servers)} (unseen_demos="
+                             f"{unseen_demos}) leaves {len(sft)} SFT and {len(rl)} RL tasks of the "
+                             f"{len(train)} train tasks (their servers: "
                              f"{sorted({s for t in train for s in t.servers})})")
         return sft, rl
     if sft_fraction >= 1.0:
@@ -388,7 +391,7 @@ class ToolUseProgram:
         self.on_local = ((lambda: sharding_context(local_mesh)) if nproc > 1
                          else contextlib.nullcontext)
         self.sft_pool, self.rl_pool = phase_pools(tasks["train"], tu.tasks.sft_fraction,
-                                                  tu.tasks.sft_servers)
+                                                  tu.tasks.sft_servers, tu.tasks.unseen_demos)
         self.sft_servers = set(tu.tasks.sft_servers)
         self.eval_tasks = tasks["eval"][:tu.eval_tasks][self.pid::nproc]
         # A fixed probe of RL tasks sampled like training rollouts at every eval: train-rollout
