@@ -46,6 +46,7 @@ def test_ray_backend_equals_process_backend(cluster):
     assert got == want
 
 
+@pytest.mark.slow
 def test_killed_actor_fails_only_its_episodes(cluster):
     with EnvPool(CAT, num_workers=2, backend="ray") as pool:
         a, b = pool.reset([EpisodeSpec(("notes",), seed=1), EpisodeSpec(("notes",), seed=2)])
