@@ -28,4 +28,19 @@ def get_config() -> ml_collections.ConfigDict:
                                         # tool graph with observed outputs (0: off)
     c.executor_factory = config_dict.placeholder(str)  # "module:fn" -> Executor (tests)
     c.worker_start_timeout_s = 300.0    # fail (not hang) if generator workers cannot start
+    # Issue 24 (README "GUST instruction levels"): what the instruction says and what the
+    # verifier needs.
+    c.instruction_level = "goal"        # goal: what the user wants, discovery left to the agent
+                                        # stage: each stage's goal, no tools; recipe: each call
+    c.whole_chain = True                # every gold call on the verifier's dependency closure
+                                        # (False: the generator of the shipped quickstart sets)
+    c.answer_with_checks = True         # an asked value also checks the chain's effects
+    # Optional instruction writer (off): rewrites the template in natural prose; a rewrite that
+    # drops a stated value or gives away one to discover falls back to the template.
+    c.writer = ""                       # "" | "openai" | "sampler" | "module:function"
+    c.writer_model = ""                 # openai: model name at the endpoint
+    c.writer_base_url = ""              # openai: e.g. http://localhost:8000/v1
+    c.writer_api_key_env = "OPENAI_API_KEY"  # openai: env variable holding the key ("" none)
+    c.writer_checkpoint = ""            # sampler: HF dir or training workdir (num_processes=0)
+    c.writer_tokenizer = ""             # sampler: "" = the checkpoint's own
     return c

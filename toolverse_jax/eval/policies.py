@@ -116,24 +116,29 @@ class SamplerAgent:
     max_context: int = 8192
     seed: int = 0
     name: str = "sampler"
+    chat_template: Any = None   # models.template.ChatTemplate; None = chat.py's Qwen3 format
 
     def __post_init__(self):
         self._rng = jax.random.key(self.seed)
-        self._im_end = self.tokenizer.encode(IM_END)
+        self._im_end = self.tokenizer.encode(
+            IM_END if self.chat_template is None else self.chat_template.end_token)
 
     def _extend(self, d) -> bool:
         st = d.scratch
         if "tokens" not in st:
-            st["tokens"] = render_prompt(d.messages, self.tokenizer, d.tools, self.tool_format)
+            st["tokens"] = render_prompt(d.messages, self.tokenizer, d.tools, self.tool_format,
+                                         template=self.chat_template)
         else:
             new = d.messages[st["rendered"]:]
             if new and new[0]["role"] == "tool":
-                st["tokens"] += render_tool_responses([m["content"] for m in new], self.tokenizer)
+                st["tokens"] += render_tool_responses([m["content"] for m in new], self.tokenizer,
+                                                      template=self.chat_template)
             elif new:
                 if len(new) != 1 or new[0]["role"] != "user":
                     raise ValueError(f"dialog {d.entry.id}: expected one user message, got "
                                      f"{[m['role'] for m in new]}")
-                st["tokens"] += render_user_turn(new[0]["content"], self.tokenizer)
+                st["tokens"] += render_user_turn(new[0]["content"], self.tokenizer,
+                                                 template=self.chat_template)
         st["rendered"] = len(d.messages)
         limit = min(self.max_context, self.cfg.max_seq_len)
         return bucket_length(len(st["tokens"])) + self.sampling.max_new_tokens <= limit

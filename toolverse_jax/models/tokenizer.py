@@ -416,7 +416,8 @@ def _ranks_digest() -> str:
 
 @functools.lru_cache(maxsize=4)
 def qwen3_tokenizer(cache_dir: str | None = None) -> HFTokenizer:
-    """Returns the real Qwen3 tokenizer (151,669 ids), built offline once and cached on disk.
+    """Returns the real Qwen3 tokenizer (151,669 ids) with Qwen3's chat template, built offline
+    once and cached on disk.
 
     The cache key includes a digest of qwen.tiktoken, so a different package version rebuilds.
     """
@@ -435,6 +436,10 @@ def qwen3_tokenizer(cache_dir: str | None = None) -> HFTokenizer:
     for i, s in enumerate(QWEN3_SPECIAL_TOKENS):
         if tok.special_ids.get(s) != QWEN3_SPECIAL_START_ID + i:
             raise ValueError(f"cached Qwen3 tokenizer at {path} maps {s!r} wrongly; delete it")
+    if not tok.hf.chat_template:  # Qwen3's own, as a checkpoint's tokenizer_config.json has it
+        from toolverse_jax.models.template import QWEN3_CHAT_TEMPLATE
+
+        tok.hf.chat_template = QWEN3_CHAT_TEMPLATE
     return tok
 
 

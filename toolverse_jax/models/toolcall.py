@@ -6,7 +6,14 @@ Convention (the one `chat.render_chat` writes):
   - the final answer is the text of the last `<answer>...</answer>` outside tool calls,
     whitespace-trimmed (None when there is none); the task's verifier scores it;
   - content is the text outside tool calls, trimmed, `<answer>` tags left in place;
-  - a trailing `<|im_end|>` / `<|endoftext|>` (decoded stop token) is dropped.
+  - a trailing `<|im_end|>` / `<|endoftext|>` (decoded stop token) is dropped;
+  - reasoning: text inside `<think>...</think>`, and after an unclosed `<think>` to the end, is
+    the model's reasoning (`.reasoning`), never executed or scored: a tool call or `<answer>`
+    written there is no call and no answer. With think_open=True the text starts inside a
+    think block (a template whose generation prompt ends with `<think>\\n`), so everything up
+    to the first `</think>` is reasoning. Regions are read left to right, as transformers'
+    response parser does with Qwen3's response template: a `<think>` inside a tool call's JSON
+    is part of the call, and a `</think>` with no open block is plain content.
 
 `parse_tool_calls` raises the first problem as a `ToolCallError`; the rollout uses
 `parse_tool_calls_lenient`, which keeps the calls that parse and records each problem, so an
@@ -24,6 +31,8 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 _STOP_SUFFIXES = ("<|im_end|>", "<|endoftext|>")
 _ALLOWED_KEYS = ("name", "arguments")
 
@@ -65,6 +74,7 @@ class ParsedTurn:
     content: str
     calls: list[ToolCall]
     final_answer: str | None
+    reasoning: str = ""  # the think blocks' text, trimmed, joined by "\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +85,7 @@ class LenientTurn:
     calls: list[ToolCall]
     final_answer: str | None
     errors: list[ToolCallError]
+    reasoning: str = ""
 
 
 def _type_name(x: Any) -> str:
@@ -129,27 +140,41 @@ def _strip_stop(text: str) -> str:
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 
 
-def _scan(text: str) -> LenientTurn:
+def _scan(text: str, think_open: bool = False) -> LenientTurn:
     text = _strip_stop(text)
     outside: list[str] = []
+    reasoning: list[str] = []
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
     pos = 0
     index = 0
-    while True:
+    if think_open:
+        c = text.find(THINK_CLOSE)
+        reasoning.append(text if c == -1 else text[:c])
+        pos = len(text) if c == -1 else c + len(THINK_CLOSE)
+    while pos < len(text):
         o = text.find(OPEN, pos)
         stray = text.find(CLOSE, pos)
-        if stray != -1 and (o == -1 or stray < o):
+        think = text.find(THINK_OPEN, pos)
+        first = min((i for i in (o, stray, think) if i != -1), default=-1)
+        if first == -1:
+            outside.append(text[pos:])
+            break
+        outside.append(text[pos:first])
+        if first == think:
+            start = think + len(THINK_OPEN)
+            c = text.find(THINK_CLOSE, start)
+            reasoning.append(text[start:] if c == -1 else text[start:c])
+            if c == -1:
+                break  # an unclosed think block runs to the end
+            pos = c + len(THINK_CLOSE)
+            continue
+        if first == stray:
             errors.append(ToolCallError(
                 "unclosed_tag", f"stray {CLOSE!r} at char {stray} with no {OPEN!r} before it",
                 index + 1))
-            outside.append(text[pos:stray])
             pos = stray + len(CLOSE)
             continue
-        if o == -1:
-            outside.append(text[pos:])
-            break
-        outside.append(text[pos:o])
         index += 1
         start = o + len(OPEN)
         c = text.find(CLOSE, start)
@@ -179,17 +204,18 @@ def _scan(text: str) -> LenientTurn:
         errors.append(ToolCallError(
             "unclosed_tag", f"{ANSWER_OPEN!r} is never closed; end the answer with "
             f"{ANSWER_CLOSE!r}", None))
-    return LenientTurn(content.strip(), calls, final_answer, errors)
+    thought = "\n".join(r.strip() for r in reasoning if r.strip())
+    return LenientTurn(content.strip(), calls, final_answer, errors, thought)
 
 
-def parse_tool_calls(text: str) -> ParsedTurn:
+def parse_tool_calls(text: str, think_open: bool = False) -> ParsedTurn:
     """Returns the content, tool calls and final answer of `text`; raises ToolCallError."""
-    turn = _scan(text)
+    turn = _scan(text, think_open)
     if turn.errors:
         raise turn.errors[0]
-    return ParsedTurn(turn.content, turn.calls, turn.final_answer)
+    return ParsedTurn(turn.content, turn.calls, turn.final_answer, turn.reasoning)
 
 
-def parse_tool_calls_lenient(text: str) -> LenientTurn:
+def parse_tool_calls_lenient(text: str, think_open: bool = False) -> LenientTurn:
     """Returns the calls that parse and every ToolCallError found; never raises on text."""
-    return _scan(text)
+    return _scan(text, think_open)

@@ -80,6 +80,9 @@ class RolloutConfig:
     # many seconds ("wall_time"; checked between turns).
     max_invalid_streak: int = 0
     max_episode_s: float = 0.0
+    # The checkpoint's chat template (models.template.chat_template_for(tokenizer)); None
+    # renders chat.py's Qwen3 format (tokenizers without a template: byte, trained BPE).
+    chat_template: Any = None
 
 
 def state_key(executed: set[str] | Sequence[str]) -> int:
@@ -194,7 +197,8 @@ def gold_demonstration(task: Task, tools: list[dict], tokenizer, cfg: RolloutCon
         for s in stage:
             messages.append({"role": "tool", "content": observation_text(s.observation, cfg)})
     messages.append({"role": "assistant", "content": f"<answer>{_answer_text(task)}</answer>"})
-    r = render_chat(messages, tokenizer, tools=tools, tool_format=cfg.tool_format)
+    r = render_chat(messages, tokenizer, tools=tools, tool_format=cfg.tool_format,
+                    template=cfg.chat_template)
     token_turn = [-1] * len(r.tokens)
     for t, (a, b) in enumerate(zip(r.turn_starts, r.turn_ends)):
         for j in range(a, b):
@@ -227,7 +231,8 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
     for (gi, task), ep in zip(owners, episodes):
         if gi not in task_tools:  # the same listed tools for every rollout in a group
             task_tools[gi] = prompt_tool_specs(task, ep.tools, cfg, np_rng)
-        prompt = render_prompt(task_messages(task, cfg), tokenizer, task_tools[gi], cfg.tool_format)
+        prompt = render_prompt(task_messages(task, cfg), tokenizer, task_tools[gi], cfg.tool_format,
+                               template=cfg.chat_template)
         trajs.append(Trajectory(task.id, group_offset + gi, list(prompt), [False] * len(prompt),
                                 [0.0] * len(prompt), [-1] * len(prompt), len(prompt)))
     active = [i for i in range(len(trajs))]
@@ -250,7 +255,8 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
             pending: dict[int, list[str]] = {}  # rollout -> tool responses, in call order
             for row, i in enumerate(active):
                 got = _record_turn(trajs[i], owners[i][1], out, row, turn,
-                                   state_key(executed[i]), tokenizer)
+                                   state_key(executed[i]), tokenizer,
+                                   bool(cfg.chat_template and cfg.chat_template.think_open))
                 if got is None:
                     continue  # answered or truncated: the rollout ends
                 calls, errors = got
@@ -281,7 +287,7 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
 
 
 def _record_turn(tr: Trajectory, task: Task, out: SampleOutput, row: int, turn: int, skey: int,
-                 tokenizer) -> tuple[list[dict], list] | None:
+                 tokenizer, think_open: bool = False) -> tuple[list[dict], list] | None:
     """Appends sample row `row` (the policy's turn) to rollout `tr` with its Turn record;
     returns (the parsed calls to execute, the parse errors), or None when the turn ended the
     rollout (an answer, or a turn cut at max_new_tokens)."""
@@ -291,7 +297,7 @@ def _record_turn(tr: Trajectory, task: Task, out: SampleOutput, row: int, turn: 
     tr.policy_mask += [True] * n
     tr.sample_logprobs += [float(x) for x in out.logprobs[row, :n]]
     tr.token_turn += [turn] * n
-    parsed = parse_tool_calls_lenient(tokenizer.decode(gen))
+    parsed = parse_tool_calls_lenient(tokenizer.decode(gen), think_open)
     calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
     if not bool(out.stopped[row]):
         tr.end_reason = "max_new_tokens"
@@ -323,7 +329,8 @@ def _continue(tr: Trajectory, responses: list[str], invalid_streak: list[int], i
     if cfg.max_invalid_streak > 0 and invalid_streak[i] >= cfg.max_invalid_streak:
         tr.end_reason = "invalid_calls"
         return False
-    env_ids = render_tool_responses([observation_text(c, cfg) for c in responses], tokenizer)
+    env_ids = render_tool_responses([observation_text(c, cfg) for c in responses], tokenizer,
+                                    template=cfg.chat_template)
     if len(tr.tokens) + len(env_ids) >= cfg.max_context:
         tr.end_reason = "max_context"
         return False
@@ -341,7 +348,7 @@ def _score(tr: Trajectory, ep: Episode, task: Task, pool: EnvPool, cfg: RolloutC
         tr.infra_failed = True
     if tr.infra_failed:
         return
-    state = pool.read_state(ep) if task.verifier["kind"] == "state" else None
+    state = pool.read_state(ep) if task.needs_state else None
     tr.success = bool(task.check(tr.final_answer, state)) if (
         tr.finished or task.verifier["kind"] == "state") else False
     tr.reward = shaped_reward(tr, cfg)

@@ -14,6 +14,15 @@ producer so chains get deep. `task_program` runs the same loop stage by stage in
 episode: arguments are filled from upstream outputs (following the edge labels) or from the
 seeded state, each stage is executed as one batch, failing steps are dropped (their
 successors re-check their inputs), and the answer/verifier come from the last stage.
+
+With `DusaConfig.whole_chain` (issue 24; `closed_task_program`) every gold call is needed by
+the verifier: ids are discovered by gold calls (list/search/get), never stated; a value taken
+from a list is named by a descriptor unique in the state (the note titled "Q2 goals"); calls
+that collide roles, address the user, change nothing or re-find their input's record are left
+out; the verifier checks the final state of every record the chain created, changed or
+removed (plus the asked value); the loop runs until the verifier's dependency closure
+(`closure.py`) spans H stages and the chain is trimmed to it. Instructions are rendered at
+`instruction_level` (recipe | stage | goal, `instructions.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import networkx as nx
 
+from toolverse_jax.tasks import closure as cl
 from toolverse_jax.tasks import graph as tg
 from toolverse_jax.tasks import instructions as ins
 from toolverse_jax.tasks import schema as sch
@@ -53,6 +63,13 @@ class DusaConfig:
     max_set_size: int = 8
     episode_seed_mod: int = 2**31 - 1
     rewriter: Callable[[str], str] | None = None   # optional LLM paraphraser (off by default)
+    # Issue 24. whole_chain: every gold call lies on the verifier's dependency closure (ids are
+    # discovered by gold calls, one check per effect, the chain trimmed to the closure, no
+    # collisions / no-op calls); False is the generator the shipped quickstart sets came from.
+    whole_chain: bool = False
+    instruction_level: str = "recipe"     # recipe | stage | goal (instructions.LEVELS)
+    answer_with_checks: bool = True       # an asked value also checks the chain's effects
+    max_rounds_factor: float = 3.0        # whole_chain: stage rounds <= factor * H + 4
 
 
 # ----------------------------------------------------------------------------- pure DUSA loop
@@ -151,6 +168,17 @@ class ToolIndex:
         return cls(g, tools, req, {t: dict(p) for t, p in prods.items()}, order)
 
 
+def _feedable(ix: ToolIndex, t: str, depth: int) -> bool:
+    """Returns whether every required id input of t can come from a producer (depth <= 3)."""
+    for p in ix.required[t]:
+        if not p["key"].startswith("id:"):
+            continue
+        tools_p = {u for u, _ in ix.producers[t].get(p["name"], ())} - {t}
+        if depth >= 3 or not any(_feedable(ix, u, depth + 1) for u in sorted(tools_p)):
+            return False
+    return True
+
+
 def grow_subgraph(ix: ToolIndex, dag: nx.DiGraph, n_new: int, rng: random.Random,
                   cfg: DusaConfig, attach_to: set | None = None,
                   penalty: dict[str, float] | None = None) -> list:
@@ -170,7 +198,19 @@ def grow_subgraph(ix: ToolIndex, dag: nx.DiGraph, n_new: int, rng: random.Random
             inst[dag.nodes[v]["tool"]].append(v)
     new: list = []
 
-    def add(t):
+    def add(t, depth=0):
+        if cfg.whole_chain:
+            # ids are discovered by a gold call: a list/search (or a fed get) comes first
+            for p in ix.required[t]:
+                tools_p = sorted({u for u, _ in ix.producers[t].get(p["name"], ())} - {t})
+                if not p["key"].startswith("id:") or depth >= 3 or \
+                        any(inst.get(u) for u in tools_p):
+                    continue
+                ok = [u for u in tools_p if _feedable(ix, u, depth + 1)]
+                if ok:
+                    ws = [(3.0 if ix.graph.nodes[u]["kind"] in ("list", "search") else 1.0)
+                          * cfg.reuse_decay ** uses[u] for u in ok]
+                    add(rng.choices(ok, weights=ws)[0], depth + 1)
         vid = (t, uses[t])
         uses[t] += 1
         dag.add_node(vid, tool=t)
@@ -188,11 +228,14 @@ def grow_subgraph(ix: ToolIndex, dag: nx.DiGraph, n_new: int, rng: random.Random
         inst[t].append(vid)
         return vid
 
+    feedable = {t: _feedable(ix, t, 0) for t in ix.tools} if cfg.whole_chain else {}
     for _ in range(n_new):
         cands, ws = [], []
         for t in ix.tools:
             # a tool without inputs would only repeat the same call
             if uses[t] >= (cfg.max_tool_reuse if ix.required[t] else 1):
+                continue
+            if cfg.whole_chain and not feedable[t]:
                 continue
             prods = ix.producers[t]
             fed = sum(1 for p in ix.required[t]
@@ -272,11 +315,14 @@ _DESCRIPTORS = ("name", "title", "subject", "sender", "email", "city", "date", "
                 "flight_number", "status", "priority")
 
 
-def list_pick(value: Any, path: str, chosen: Any) -> dict | None:
+def list_pick(value: Any, path: str, chosen: Any,
+              unique: Callable[[dict, str], bool] | None = None,
+              single: bool = False) -> dict | None:
     """Returns how to tell which list element a value was taken from, or None if no list.
 
-    {"field": k, "value": v}: the element whose k is v (unique in the list), else
-    {"position": i} (0-based). Only for `prefix[].leaf` paths; the instruction states it.
+    {"field": k, "value": v}: the element whose k is v (unique in the list and, with `unique`,
+    where `unique(element, k)` holds), else {"position": i} (0-based). Only for `prefix[].leaf`
+    paths (with `single`, a one-element list too); the instruction states it.
     """
     if "[]" not in path or path.startswith("**"):
         return None
@@ -289,7 +335,7 @@ def list_pick(value: Any, path: str, chosen: Any) -> dict | None:
     if not isinstance(items, list):
         return None
     items = [it for it in items if isinstance(it, dict)]
-    if len(items) <= 1:
+    if len(items) < (1 if single else 2):
         return None
     pos = next((i for i, it in enumerate(items) if it.get(leaf) == chosen), None)
     if pos is None:
@@ -297,7 +343,8 @@ def list_pick(value: Any, path: str, chosen: Any) -> dict | None:
     for k in _DESCRIPTORS:
         v = items[pos].get(k)
         if k != leaf and isinstance(v, (str, int, float)) and not isinstance(v, bool) and \
-                sum(1 for it in items if it.get(k) == v) == 1 and len(str(v)) <= 60:
+                sum(1 for it in items if it.get(k) == v) == 1 and len(str(v)) <= 60 and \
+                (unique is None or unique(items[pos], k)):
             return {"field": k, "value": v}
     return {"position": pos}
 
@@ -347,39 +394,50 @@ def _ground(ix: ToolIndex, t: str, done: list[_Done], index: StateIndex,
                 break
         if filled:
             continue
-        free = bool(set(sch.split_words(p["name"])) & sch.FREE_TEXT) and \
-            not p["key"].startswith(("id:", "name:"))
-        lit = literal_value(p, rng) if free else None
-        if lit is not None and sch.validates(lit, p["schema"]):
-            # free text (subject, body) is the user's to state: short and invented
-            args[p["name"]] = _wrap(p, lit)
-            sources[p["name"]] = {"from": "literal"}
-            continue
-        vals = [v for v in index.values(p["key"])[:200] if sch.validates(v, p["schema"])]
-        if vals:
-            args[p["name"]] = _wrap(p, rng.choice(vals))
-            sources[p["name"]] = {"from": "state"}
-            continue
-        lit = literal_value(p, rng)
-        if lit is not None and sch.validates(lit, p["schema"]):
-            args[p["name"]] = _wrap(p, lit)
-            sources[p["name"]] = {"from": "literal"}
-            continue
-        return None
+        got = _unfed_value(p, index, rng)
+        if got is None:
+            return None
+        args[p["name"]], sources[p["name"]] = got
     if sch.tool_kind(t) == "update" and cfg.update_optional:
-        # an update that sets nothing changes nothing: set one stated optional field
-        opts = [p for p in ix.graph.nodes[t]["params"] if not p["required"]
-                and p["type"] in ("string", "integer", "number", "boolean")
-                and not p["key"].startswith(("id:", "name:")) and p["key"] != "email"]
-        if opts:
-            p = rng.choice(opts)
-            lit = literal_value(p, rng)
-            if lit is None and p["type"] == "string":
-                lit = f"{rng.choice(_WORDS).capitalize()} {rng.randint(1, 99)}"
-            if lit is not None and sch.validates(lit, p["schema"]):
-                args[p["name"]] = _wrap(p, lit)
-                sources[p["name"]] = {"from": "literal"}
+        _optional_update(ix, t, rng, args, sources)
     return args, sources
+
+
+def _unfed_value(p: dict, index: StateIndex, rng: random.Random,
+                 ok: Callable[[Any], bool] | None = None) -> tuple[Any, dict] | None:
+    """Returns (value, source) for an input no upstream output feeds: invented free text, a
+    seeded value the user states, or another invented literal; None if none (passes `ok`)."""
+    free = bool(set(sch.split_words(p["name"])) & sch.FREE_TEXT) and \
+        not p["key"].startswith(("id:", "name:"))
+    lit = literal_value(p, rng) if free else None
+    if lit is not None and sch.validates(lit, p["schema"]) and (ok is None or ok(lit)):
+        # free text (subject, body) is the user's to state: short and invented
+        return _wrap(p, lit), {"from": "literal"}
+    vals = [v for v in index.values(p["key"])[:200] if sch.validates(v, p["schema"])
+            and (ok is None or ok(v))]
+    if vals:
+        return _wrap(p, rng.choice(vals)), {"from": "state"}
+    lit = literal_value(p, rng)
+    if lit is not None and sch.validates(lit, p["schema"]) and (ok is None or ok(lit)):
+        return _wrap(p, lit), {"from": "literal"}
+    return None
+
+
+def _optional_update(ix: ToolIndex, t: str, rng: random.Random, args: dict,
+                     sources: dict) -> None:
+    """Sets one stated optional field of an update (an update that sets nothing changes
+    nothing)."""
+    opts = [p for p in ix.graph.nodes[t]["params"] if not p["required"]
+            and p["type"] in ("string", "integer", "number", "boolean")
+            and not p["key"].startswith(("id:", "name:")) and p["key"] != "email"]
+    if opts:
+        p = rng.choice(opts)
+        lit = literal_value(p, rng)
+        if lit is None and p["type"] == "string":
+            lit = f"{rng.choice(_WORDS).capitalize()} {rng.randint(1, 99)}"
+        if lit is not None and sch.validates(lit, p["schema"]):
+            args[p["name"]] = _wrap(p, lit)
+            sources[p["name"]] = {"from": "literal"}
 
 
 # ------------------------------------------------------------------------- answer / verifier
@@ -630,6 +688,8 @@ def task_seed(base_seed: int, index: int) -> int:
 
 def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequence[str]):
     """Program (see executor.run_programs) that returns (Task | None, reason, info)."""
+    if cfg.whole_chain:
+        return (yield from closed_task_program(g, seed, cfg, allowed))
     rng = random.Random(seed)
     servers = choose_servers(g, allowed, rng, cfg)
     sub = tg.subgraph_for_servers(g, servers)
@@ -727,10 +787,487 @@ def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequen
     if chosen is None:
         return None, "no_answer", dict(info)
     answer, verifier = chosen
-    text = ins.render_instruction(stages, verifier, servers)
+    text = ins.render_recipe(stages, verifier, servers)
     text = ins.apply_rewriter(text, cfg.rewriter)
     task = Task(id="", instruction=text, spec=spec, stages=stages, answer=answer,
                 verifier=verifier, meta={"seed": seed})
+    task.id = "gust-" + task.chain_hash()[:16]
+    return task, "ok", dict(info)
+
+
+# ---------------------------------------------------------------- whole-chain DUSA (issue 24)
+
+
+# Fields that name who did something: a server fills them with the user's own identity.
+_SELF_FIELDS = frozenset({"sender", "author", "from", "owner", "organizer", "created_by"})
+# Result fields that make poor questions (bookkeeping, flags).
+_NO_ANSWER = frozenset({"updated", "thread_id", "read", "deleted"})
+
+
+@dataclasses.dataclass
+class _Live:
+    """What whole-chain grounding checks a call against, at the start of a stage."""
+    state: dict                 # the raw state
+    recs: dict                  # closure.state_records(state)
+    initial: dict               # records of the initial state
+    self_values: set            # the user's own identities (the sender of a sent mail)
+    consumed: Counter           # (stage, index) -> how many inputs its output fed
+    info: Counter
+
+
+def _state_unique(live: _Live, server: str) -> Callable[[dict, str], bool]:
+    """Returns unique(item, k): the record a list item shows is the only one of its collection
+    whose k is item[k], now and, for a record the user had before the task, in the initial
+    state too (a user names "the note titled X" only when one note is, as they know it)."""
+    def unique(item: dict, k: str) -> bool:
+        if item.get(k) in (None, ""):
+            return False
+        ids = {str(v) for f, v in item.items() if (f == "id" or f.endswith("_id"))
+               and isinstance(v, (str, int)) and not isinstance(v, bool)}
+        for recs in (live.recs, live.initial):
+            mine = [key for key, r in recs.items() if key[0] == server and key[2] in ids]
+            if recs is live.initial and not mine:
+                continue  # a record the chain created: as it is now
+            colls = {key[1] for key in mine if recs[key].get(k) == item.get(k)}
+            if mine and not colls:
+                return False  # the record had another value then (renamed since)
+            if any(sum(1 for key, r in recs.items() if key[0] == server and key[1] == c
+                       and r.get(k) == item.get(k)) != 1 for c in colls):
+                return False
+        return True
+    return unique
+
+
+def _bad_value(val: Any, p: dict, args: dict, live: _Live) -> str | None:
+    """Returns why a value cannot fill input p (the user's own address, a value another
+    argument of the same call already has), or None."""
+    if isinstance(val, str) and val in live.self_values:
+        return "self_reference"
+    if not isinstance(val, (bool, int, float)) and any(
+            val == x for a in args.values() for x in (a if isinstance(a, list) else [a])):
+        return "role_collision"
+    return None
+
+
+def _noop_reason(ix: ToolIndex, t: str, args: dict, server: str, live: _Live) -> str | None:
+    """Returns why a call would change nothing, undo the task's own work or address the user
+    ("noop_call": it sets a field to its current value or adds what a list already holds;
+    "delete_created": it removes a record the chain created; "self_reference": it replies to
+    the user's own mail), or None."""
+    kind = ix.graph.nodes[t]["kind"]
+    if kind in sch.READ_ONLY_KINDS:
+        return None
+    keys = {p["name"]: p["key"] for p in ix.graph.nodes[t]["params"]}
+    ids = {str(x) for p, v in args.items() if keys.get(p, "").startswith("id:")
+           for x in (v if isinstance(v, list) else [v])}
+    targets = [(key, r) for key, r in live.recs.items() if key[0] == server and key[2] in ids]
+    if kind == "delete" and any(key not in live.initial for key, _ in targets):
+        return "delete_created"
+    if "reply" in sch.split_words(t) and any(r.get(f) in live.self_values for _, r in targets
+                                              for f in _SELF_FIELDS):
+        return "self_reference"  # a reply to one's own mail goes to oneself
+    if kind == "create":
+        return None
+    for p, v in args.items():
+        if keys.get(p, "").startswith("id:"):
+            continue
+        for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, (dict, list)) or isinstance(x, (bool, int, float)) and p not in \
+                    next((r for _, r in targets), {}):
+                continue
+            for _, r in targets:
+                if p in r and _eq(r[p], x) or any(isinstance(fv, list) and x in fv
+                                                  for fv in r.values()):
+                    return "noop_call"
+                if isinstance(x, str) and any(_eq(fv, x) for fv in r.values()):
+                    return "role_collision"  # forward a mail to its own sender
+    return None
+
+
+def _ground_closed(ix: ToolIndex, t: str, done: list[_Done], index: StateIndex,
+                   rng: random.Random, cfg: DusaConfig, live: _Live,
+                   ) -> tuple[tuple[dict, dict] | None, str]:
+    """Returns ((arguments, sources) | None, reason) for tool t in a whole-chain task.
+
+    Unlike `_ground`: an id is taken from a gold call's output, never stated; an output nothing
+    used yet is preferred (it joins the chain); a value taken from a list must be the one whose
+    descriptor (title, subject, name, ...) is unique in the list and in the state, or the only
+    one there; no value is the user's own address or another argument's value; and the call
+    must change something (`_noop_reason`).
+    """
+    prods = ix.producers[t]
+    server = ix.graph.nodes[t]["server"]
+    creates = ix.graph.nodes[t]["kind"] == "create"
+    keys_id = {q["name"]: q["key"].startswith("id:") for q in ix.required[t]}
+    args, sources = {}, {}
+    for p in ix.required[t]:
+        got = None
+        cands = [d for d in reversed(done) if any(u == d.node for u, _ in prods.get(p["name"], []))]
+        if cands and rng.random() >= cfg.newest_bias:
+            rng.shuffle(cands)
+        cands.sort(key=lambda d: live.consumed[(d.stage, d.index)] > 0)  # stable: unused first
+        for d in cands:
+            for u, f in prods[p["name"]]:
+                if u != d.node:
+                    continue
+                found = tg.field_values(d.step.observation, f)
+                vals = [v for v in found[:20] if sch.validates(v, p["schema"])]
+                rng.shuffle(vals)
+                several = "[]" in f and len({sch.canonical(v) for v in found}) > 1
+                records = "[]." in f  # an element of a list of records: named by a descriptor
+                given = [x for a in d.step.arguments.values()
+                         for x in (a if isinstance(a, list) else [a])]
+                given += [src["pick"]["value"] for src in d.step.sources.values()
+                          if "value" in (src.get("pick") or {})]
+                for val in vals:
+                    if any(_eq(val, x) for x in given):
+                        # passed through (get_note(id).note_id) or named already ("the date
+                        # of the event whose date is ..."): use its origin
+                        continue
+                    why = _bad_value(val, p, args, live)
+                    if why:
+                        live.info[why] += 1
+                        continue
+                    if _redundant_hop(d, f, val, done):
+                        continue
+                    pick = list_pick(d.step.observation, f, val, single=True,
+                                     unique=_state_unique(live, d.step.server))
+                    if (several or records) and (pick is None or "position" in pick):
+                        live.info["ambiguous_reference"] += 1
+                        continue
+                    if creates and (any(
+                            (q["stage"], q["index"], sch.canonical(q.get("pick"))) ==
+                            (d.stage, d.index, sch.canonical(pick)) for q in sources.values()
+                            if q.get("from") == "step") or _taken(val, p["name"], server, live)):
+                        # a new record cloned from another, or a second contact with the
+                        # email of one the user has
+                        live.info["copied_record"] += 1
+                        continue
+                    got = (val, {"from": "step", "stage": d.stage, "index": d.index, "field": f,
+                                 **({"pick": pick} if pick else {})})
+                    break
+                if got:
+                    break
+            if got:
+                break
+        if got and creates and not p["key"].startswith("id:") and any(
+                q.get("from") == "step" and not keys_id.get(n) for n, q in sources.items()):
+            # a new record takes at most one attribute from others (no payee named like one,
+            # numbered like a second and mailed like a third)
+            live.info["mixed_record"] += 1
+            got = None
+        if got:
+            args[p["name"]], sources[p["name"]] = _wrap(p, got[0]), got[1]
+            continue
+        if p["key"].startswith("id:"):
+            return None, "undiscoverable_id"  # ids come from a gold call's output
+        def fits(v, p=p):
+            return _bad_value(v, p, args, live) is None and \
+                not (creates and _taken(v, p["name"], server, live))
+
+        got = _unfed_value(p, index, rng, ok=fits)
+        if got is None:
+            return None, "ungroundable"
+        args[p["name"]], sources[p["name"]] = got
+    if ix.graph.nodes[t]["kind"] == "update" and cfg.update_optional:
+        _optional_update(ix, t, rng, args, sources)
+    why = _noop_reason(ix, t, args, server, live)
+    return (None, why) if why else ((args, sources), "ok")
+
+
+def _refinds(step: GoldStep, done: list[_Done]) -> bool:
+    """Returns whether a read's result is the record one of its non-id inputs was read from."""
+    if sch.tool_kind(step.tool) not in sch.READ_ONLY_KINDS:
+        return False
+    got = {str(r[k]) for _, r in sch.iter_records(step.observation)
+           for k in [cl.record_id_key(r)] if k}
+    pos = {(d.stage, d.index): d.step for d in done}
+    for p, src in step.sources.items():
+        if src.get("from") != "step" or p == "id" or p.endswith("_id"):
+            continue
+        up = pos.get((src["stage"], src["index"]))
+        if up is None:
+            continue
+        prefix, _, leaf = src["field"].rpartition("[].")
+        val = step.arguments[p]
+        val = val[0] if isinstance(val, list) and len(val) == 1 else val
+        rec = up.observation if not prefix else next(
+            (it for _, it in sch.iter_records(up.observation) if it.get(leaf) == val), None)
+        k = cl.record_id_key(rec) if isinstance(rec, dict) else None
+        if k and str(rec[k]) in got:
+            return True
+    return False
+
+
+# Fields that tell records apart: a new record must not copy one from an existing record.
+_IDENTITY = frozenset({"email", "name", "title", "phone", "account_number", "username"})
+
+
+def _taken(v: Any, field: str, server: str, live: _Live) -> bool:
+    """Returns whether a record of `server` already has identity `field` = v (a new contact
+    with someone else's email makes "the contact with that email" ambiguous; a new ticket for
+    a customer who has one is fine)."""
+    return field in _IDENTITY and any(r.get(field) == v for key, r in live.recs.items()
+                                      if key[0] == server)
+
+
+def _redundant_hop(d: _Done, field: str, val: Any, done: list[_Done]) -> bool:
+    """Returns whether taking a record's own id from a lookup only re-finds a record the
+    lookup's input already came from (find_contact_by_email(email of a listed contact)
+    .contact_id; search_contacts(name of a found contact).contacts[].contact_id)."""
+    if sch.tool_kind(d.step.tool) not in sch.READ_ONLY_KINDS:
+        return False
+    prefix, _, leaf = field.rpartition("[].")
+    rec = d.step.observation if not prefix else next(
+        (it for _, it in sch.iter_records(d.step.observation) if it.get(leaf) == val), None)
+    if not isinstance(rec, dict):
+        return False
+    k = cl.record_id_key(rec)
+    if k is None or k != leaf:
+        return False
+    rid = str(rec[k])
+    ups = {(src["stage"], src["index"]) for src in d.step.sources.values()
+           if src.get("from") == "step"}
+    return any((x.stage, x.index) in ups and rid in cl.mentions(x.step) for x in done)
+
+
+def _self_values(step: GoldStep) -> set[str]:
+    """Returns the identities a server filled in for the user in a call's result (the sender
+    of a mail the user sent, the author of their comment)."""
+    given = {str(x) for x in cl._flat(step.arguments)}
+    return {str(v) for _, r in sch.iter_records(step.observation) for k, v in r.items()
+            if k in _SELF_FIELDS and isinstance(v, str) and v and v not in given}
+
+
+def closed_verifier(stages: list[list[GoldStep]], initial: dict, final: dict,
+                    effects: list, initial_state: dict, rng: random.Random, cfg: DusaConfig,
+                    ) -> tuple[Any, dict, set] | None:
+    """Returns (answer, verifier, the calls it needs) for a whole chain, or None.
+
+    The verifier checks the final state of every record the chain created, changed or removed
+    (`closure.effect_checks`) and, when the last stage reads something worth asking, that value
+    too (an exact/set verifier carrying the `checks`, with `cfg.answer_with_checks`).
+    """
+    fields: list = []
+    checks, needs = cl.effect_checks(initial, final, effects, initial_state, fields) \
+        if "state" in cfg.answer_kinds else ([], set())
+    said = stated_values(stages)
+    last = len(stages) - 1
+    answers = []
+    for j, s in enumerate(stages[last]):
+        if sch.tool_kind(s.tool) not in sch.READ_ONLY_KINDS:
+            continue
+        for c in answer_candidates(s, rng, cfg):
+            field = c.pop("field")
+            leaf = field.rsplit(".", 1)[-1].replace("[]", "")
+            vals = c["values"] if c["kind"] == "set" else [c["value"]]
+            if leaf in _NO_ANSWER or leaf == "id" or leaf.endswith("_id") or any(
+                    isinstance(x, bool) or x in (0, "") or str(x).strip().casefold() in said
+                    for x in vals):
+                continue
+            c["source"] = {"stage": last, "index": j, "field": field}
+            answers.append(c)
+    use_answer = bool(answers) and (not checks or cfg.answer_with_checks or rng.random() >= 0.6)
+    if use_answer:
+        c = rng.choices(answers, weights=[a.pop("w") for a in answers])[0]
+        for a in answers:
+            a.pop("w", None)
+        answer = c["value"] if c["kind"] == "exact" else c["values"]
+        verifier = dict(c)
+        src = (c["source"]["stage"], c["source"]["index"])
+        read = cl.mentions(stages[src[0]][src[1]])
+        vals = answer if isinstance(answer, list) else [answer]
+        # an asked value some call of the chain wrote (a status it set) needs that call too
+        wrote = {e.call for e in effects if e.call < src and e.new is not None
+                 and e.ident[2] in read and any(_eq(e.new.get(f), x) for x in vals
+                                                for f in e.new if "*" in e.claims or f in e.claims)}
+        if checks and cfg.answer_with_checks:
+            verifier["checks"] = checks
+            need = needs | {src} | wrote
+        else:
+            need, fields = {src} | wrote, []
+    elif checks:
+        answer, verifier, need = checks[0]["match"], {"kind": "state", "checks": checks}, needs
+    else:
+        return None
+    keep = cl.repair_closure(stages, need, effects, initial, fields)
+    need |= {c for c in keep - cl.closure(stages, need)}
+    verifier["needs"] = sorted([list(c) for c in need])
+    return answer, verifier, need
+
+
+def closed_task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequence[str]):
+    """Program that returns (Task | None, reason, info) for a whole-chain task.
+
+    The DUSA stage loop of `task_program`, grounded with `_ground_closed`, reading the state
+    after every stage: a state-changing call that changed nothing is dropped; each record
+    change is credited to the calls that made it. The loop runs until the verifier's dependency
+    closure spans H stages (not just until H stages ran); the chain is then trimmed to that
+    closure, so every stage is needed, and the horizon is what remains.
+    """
+    rng = random.Random(seed)
+    servers = choose_servers(g, allowed, rng, cfg)
+    sub = tg.subgraph_for_servers(g, servers)
+    spec = episode_spec(servers, seed % cfg.episode_seed_mod)
+    H, N = cfg.horizon, cfg.max_per_stage
+    min_h = cfg.min_horizon if cfg.min_horizon is not None else H
+    ix = ToolIndex.build(sub)
+    dag = nx.DiGraph()
+    grow_subgraph(ix, dag, max(1, int(cfg.subgraph_slack * H * (N + 1) / 2)), rng, cfg)
+    fr = Frontier(dag)
+
+    handle = yield Reset(spec)
+    state0 = yield State(handle)
+    index = StateIndex(state0, servers)
+    recs0 = cl.state_records(state0, servers)
+    info: Counter = Counter()
+    live = _Live(state0, recs0, recs0, set(), Counter(), info)
+    stages: list[list[GoldStep]] = []
+    done: list[_Done] = []
+    effects: list = []
+    created_by: dict = {}
+    uses: Counter = Counter()
+    seen_calls: set = set()
+    penalty: dict[str, float] = {}
+    best = None                                       # (size, answer, verifier, keep, k_end)
+    rounds, max_rounds = 0, int(cfg.max_rounds_factor * H) + 4
+    while rounds < max_rounds and len(stages) < 2 * H + 2:
+        rounds += 1
+        if not fr.Q:
+            info["regrow"] += 1
+            new = grow_subgraph(ix, dag, N, rng, cfg, attach_to=set(fr.done), penalty=penalty)
+            if not new:
+                break
+            fr.add_nodes(new, len(stages))
+            if not fr.Q:
+                break
+
+        def weight(v):
+            w = cfg.unlock_bonus if stages and fr.unlocked_at.get(v) == len(stages) else 1.0
+            return w * cfg.reuse_decay ** uses[dag.nodes[v]["tool"]]
+
+        S = fr.sample(N, rng, weight)
+        calls, metas = [], []
+        for v in S:
+            t = dag.nodes[v]["tool"]
+            grounded, why = None, "ungroundable"
+            for _attempt in range(4):  # re-draw values rather than repeat or waste a call
+                grounded, why = _ground_closed(ix, t, done, index, rng, cfg, live)
+                if grounded is not None and sch.canonical([t, grounded[0]]) in seen_calls:
+                    grounded, why = None, "duplicate_call"
+                    continue
+                if grounded is not None or why in ("undiscoverable_id", "ungroundable"):
+                    break
+            if grounded is None:
+                info[why] += 1
+                penalty[t] = penalty.get(t, 1.0) * 0.1
+                continue
+            args, sources = grounded
+            seen_calls.add(sch.canonical([t, args]))
+            nd = sub.nodes[t]
+            calls.append((handle, nd["server"], nd["tool"], args))
+            metas.append((v, t, args, sources))
+        results = (yield Step(calls)) if calls else []
+        fr.complete(S, len(stages))
+        if not calls:
+            continue
+        if all(ix.graph.nodes[m[1]]["kind"] in ("list", "search") for m in metas):
+            state, now = live.state, live.recs  # listing changes nothing: skip the read
+        else:
+            state = yield State(handle)
+            now = cl.state_records(state, servers)
+        k = len(stages)
+        stage: list[GoldStep] = []
+        for (v, t, args, sources), res in zip(metas, results):
+            uses[t] += 1
+            if res.status != "ok":
+                info["failed_call"] += 1
+                penalty[t] = penalty.get(t, 1.0) * 0.3
+                continue
+            nd = sub.nodes[t]
+            stage.append(GoldStep(nd["server"], nd["tool"], nd["tool"], args, res.value, sources))
+        fx = cl.stage_effects(stage, k, live.recs, now)
+        # a state-changing call that changed nothing (moved a mail to its own folder) is dropped
+        useful = [j for j, s in enumerate(stage)
+                  if fx[j] or sch.tool_kind(s.tool) in sch.READ_ONLY_KINDS]
+        info["noop_call"] += len(stage) - len(useful)
+        # a lookup by an attribute of a record that returns that same record adds nothing
+        # (find_contact_by_email(the email of a listed contact))
+        again = [j for j in useful if not fx[j] and _refinds(stage[j], done)]
+        info["redundant_lookup"] += len(again)
+        useful = [j for j in useful if j not in again]
+        if len(useful) < len(stage):
+            stage = [stage[j] for j in useful]
+            fx = cl.stage_effects(stage, k, live.recs, now)
+        live.state, live.recs = state, now
+        if not stage:
+            continue
+        for j, s in enumerate(stage):
+            deps = set()
+            for e in fx[j]:
+                # a call that changes what another created (checkout empties the cart
+                # add_to_cart filled) needs it, though no argument says so
+                c = created_by.get(e.ident)
+                if e.old is not None and c is not None and c != (k, j):
+                    deps.add(c)
+            if sch.tool_kind(s.tool) in sch.READ_ONLY_KINDS:
+                # so does a read that shows what another created (view_cart)
+                seen = cl.mentions(s)
+                deps |= {c for ident, c in created_by.items() if ident[2] in seen and c[0] < k}
+            s.after.extend(sorted(list(c) for c in deps if list(c) not in s.after))
+            for e in fx[j]:
+                if e.old is None:
+                    created_by.setdefault(e.ident, (k, j))
+            if sch.tool_kind(s.tool) not in sch.READ_ONLY_KINDS:
+                live.self_values |= _self_values(s)
+            for src in s.sources.values():
+                if src.get("from") == "step":
+                    live.consumed[(src["stage"], src["index"])] += 1
+            done.append(_Done(k, j, tg.node_id(s.server, s.tool), s))
+            effects.extend(fx[j])
+        stages.append(stage)
+        if len(stages) < min_h:
+            continue
+        got = closed_verifier(stages, recs0, now, effects, state0,
+                              random.Random(f"{seed}:{len(stages)}"), cfg)
+        if got is None:
+            continue
+        answer, verifier, need = got
+        keep = cl.closure(stages, need)
+        size = len({c[0] for c in keep})
+        if size >= min_h and (best is None or size > best[0]):
+            best = (size, answer, verifier, keep, len(stages))
+        if size >= H:
+            break
+    yield Close(handle)
+    if best is None:
+        why = "short" if len(stages) < min_h else "short_closure"
+        return None, why, {**info, "stages": len(stages)}
+    size, answer, verifier, keep, k_end = best
+    info["trimmed_calls"] += sum(len(st) for st in stages[:k_end]) - len(keep)
+    trimmed, remap = cl.trim(stages[:k_end], keep)
+    if len(trimmed) > H:
+        # closure stages to spare: run independent neighbours in one turn
+        trimmed, merged = cl.merge_stages(trimmed, H, N)
+        remap = {c: merged[r] for c, r in remap.items()}
+    if len(trimmed) > H:
+        return None, "long_closure", {**info, "stages": len(trimmed)}
+    verifier = dict(verifier)
+    if "source" in verifier:
+        verifier["source"] = dict(verifier["source"])
+        verifier["source"]["stage"], verifier["source"]["index"] = \
+            remap[(verifier["source"]["stage"], verifier["source"]["index"])]
+    verifier["needs"] = sorted(list(remap[tuple(c)]) for c in verifier["needs"])
+    task = Task(id="", instruction="", spec=spec, stages=trimmed, answer=answer,
+                verifier=verifier, meta={"seed": seed, "nominal_horizon": H,
+                                         "instruction_level": cfg.instruction_level})
+    keep, secret = ins.instruction_facts(trimmed, verifier, answer)
+    if any(ins.check_instruction(ins.render_instruction(trimmed, verifier, servers, lvl),
+                                 keep, secret) for lvl in ins.LEVELS):
+        # the template would give away the answer ("the type of the hotel booking")
+        return None, "instruction_check", dict(info)
+    task.instruction, rejected = ins.instruction_for(task, cfg.instruction_level, cfg.rewriter)
+    info["rewrite_rejected"] += rejected
     task.id = "gust-" + task.chain_hash()[:16]
     return task, "ok", dict(info)
 
@@ -749,7 +1286,9 @@ def dusa_generate(executor: Any, seeds: Sequence[int] | int, cfg: DusaConfig | N
       verify: replay each task in a fresh episode and drop it if the verifier fails.
 
     reason is "ok", "short" (fewer than min_horizon stages), "no_answer", "replay_failed" or
-    "error".
+    "error"; whole-chain tasks also "short_closure" / "long_closure" (the verifier's closure
+    spans fewer than min_horizon / more than horizon stages) and "instruction_check" (a
+    template at some level would leave out a stated value or give away one to discover).
     """
     from toolverse_jax.tasks.replay import as_executor, replay_program  # noqa: PLC0415
 
@@ -766,7 +1305,9 @@ def dusa_generate(executor: Any, seeds: Sequence[int] | int, cfg: DusaConfig | N
         task, reason, info = out
         if task is None or not verify:
             return out
-        ok, why = yield from replay_program(task, executor)
+        # a trimmed chain is replayed as it now stands and keeps what that replay returned
+        check = cl.refresh_program if cfg.whole_chain else replay_program
+        ok, why = yield from check(task, executor)
         if not ok:
             info = {**info, "replay": why}
             return None, "replay_failed", info

@@ -15,7 +15,9 @@ import tempfile
 import time
 from typing import Any, Iterable, Sequence
 
+from toolverse_jax.tasks import closure
 from toolverse_jax.tasks.dusa import DusaConfig, dusa_generate, task_seed
+from toolverse_jax.tasks.instructions import LEVELS, discovery_calls, names_tool
 from toolverse_jax.tasks.task import Task
 
 SHARD_PATTERN = "gust-{:05d}.jsonl"
@@ -46,6 +48,16 @@ def default_config() -> dict:
         "refine_warmup": 0,         # tasks run (unverified) per worker to refine the graph
         "executor_factory": None,   # "module:function" returning an Executor (tests, fakes)
         "worker_start_timeout_s": 300.0,
+        # issue 24: instructions state goals; every gold call is on the verifier's closure
+        "instruction_level": "goal",  # recipe | stage | goal (instructions.LEVELS)
+        "whole_chain": True,        # False: the generator of the shipped quickstart sets
+        "answer_with_checks": True,  # an asked value also checks the chain's effects
+        "writer": "",               # instruction writer: "" (off) | openai | sampler | mod:fn
+        "writer_model": "",         # openai: model name
+        "writer_base_url": "",      # openai: http://host:port/v1
+        "writer_api_key_env": "OPENAI_API_KEY",
+        "writer_checkpoint": "",    # sampler: HF dir or training workdir
+        "writer_tokenizer": "",     # sampler: "" = the checkpoint's own
     }
 
 
@@ -77,7 +89,18 @@ def _make_executor(s: dict):
 def _dusa_cfg(s: dict, horizon: int) -> DusaConfig:
     return DusaConfig(horizon=horizon, min_horizon=s["min_horizon"],
                       max_per_stage=s["max_per_stage"], servers=s["servers"],
-                      num_servers=tuple(s["num_servers"]))
+                      num_servers=tuple(s["num_servers"]), whole_chain=bool(s["whole_chain"]),
+                      instruction_level=s["instruction_level"],
+                      answer_with_checks=bool(s["answer_with_checks"]),
+                      rewriter=_WORKER.get("writer"))
+
+
+def _make_writer(s: dict):
+    from toolverse_jax.tasks.instructions import make_writer  # noqa: PLC0415
+
+    return make_writer(s["writer"], model=s["writer_model"], base_url=s["writer_base_url"],
+                       api_key_env=s["writer_api_key_env"],
+                       checkpoint=s["writer_checkpoint"], tokenizer=s["writer_tokenizer"])
 
 
 # ------------------------------------------------------------------------ worker processes
@@ -89,6 +112,9 @@ def _init_worker(s: dict) -> None:
     from toolverse_jax.tasks.dusa import observations_of  # noqa: PLC0415
     from toolverse_jax.tasks.graph import build_tool_graph, refine_with_observations  # noqa
 
+    if s["instruction_level"] not in LEVELS:
+        raise ValueError(f"instruction_level={s['instruction_level']!r}; use one of {LEVELS}")
+    _WORKER["writer"] = _make_writer(s)
     ex = _make_executor(s)
     if hasattr(ex, "__enter__"):
         ex.__enter__()
@@ -209,6 +235,7 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
     kept: list[Task] = []
     hashes: set[str] = set()
     dropped: collections.Counter = collections.Counter()
+    dropped_h: dict = collections.defaultdict(collections.Counter)
     info_tot: collections.Counter = collections.Counter()
     attempts = 0
     bar = None
@@ -226,11 +253,13 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
             info_tot.update(info)
             if tj is None:
                 dropped[reason] += 1
+                dropped_h[_horizon_of(s, i)][reason] += 1
                 continue
             task = Task.from_json(tj)
             h = task.chain_hash()
             if h in hashes:
                 dropped["duplicate"] += 1
+                dropped_h[_horizon_of(s, i)]["duplicate"] += 1
                 continue
             hashes.add(h)
             kept.append(task)
@@ -260,7 +289,7 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
     if bar is not None:
         bar.close()
     elapsed = time.time() - t0
-    manifest = make_manifest(kept, dropped, attempts, elapsed - startup, s)
+    manifest = make_manifest(kept, dropped, attempts, elapsed - startup, s, dropped_h, info_tot)
     manifest["startup_s"] = round(startup, 3)
     manifest["total_s"] = round(elapsed, 3)
     manifest["generation_info"] = dict(info_tot)
@@ -272,8 +301,10 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
 
 
 def make_manifest(tasks: Sequence[Task], dropped: dict, attempts: int, elapsed: float,
-                  settings: dict) -> dict:
-    """Returns manifest counts: tasks, attempts, drops by reason, histograms."""
+                  settings: dict, dropped_by_horizon: dict | None = None,
+                  info: dict | None = None) -> dict:
+    """Returns manifest counts: tasks, attempts, drops by reason, histograms, and the
+    instruction/verifier `quality` figures (`quality_report`)."""
     hist = collections.Counter(t.stats["horizon"] for t in tasks)
     depth = collections.Counter(t.stats["depth"] for t in tasks)
     servers = collections.Counter(s for t in tasks for s in t.servers)
@@ -291,7 +322,60 @@ def make_manifest(tasks: Sequence[Task], dropped: dict, attempts: int, elapsed: 
         "elapsed_s": round(elapsed, 3),     # generation time, without worker startup
         "tasks_per_s": round(len(tasks) / elapsed, 3) if elapsed > 0 else None,
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()},
+        "quality": quality_report(tasks, dropped_by_horizon or {}, info or {}),
     }
+
+
+# Why drafted calls, argument values or rewrites were left out (generation_info keys): calls
+# that could not be grounded, failed, repeated one, changed nothing, re-found the record
+# their input came from, deleted what the task
+# created, or were off the verifier's closure (trimmed); candidate values that were the user's
+# own address, another argument's value, a reference without a unique descriptor, or copied
+# from other records into a new one; writer rewrites that failed the check.
+REJECTIONS = ("ungroundable", "undiscoverable_id", "failed_call", "duplicate_call", "noop_call",
+              "redundant_lookup", "delete_created", "trimmed_calls", "self_reference",
+              "role_collision", "ambiguous_reference", "copied_record", "mixed_record",
+              "rewrite_rejected")
+
+
+def quality_report(tasks: Sequence[Task], dropped_by_horizon: dict, info: dict) -> dict:
+    """Returns instruction and verifier quality per nominal horizon (issue 24).
+
+    For each horizon: the histogram of effective horizons (stages on the verifier's dependency
+    closure, `closure.effective_horizon`) and its mean ratio to the nominal one; the fraction of
+    gold calls, and of discovery calls (list/search/get, `instructions.discovery_calls`), whose
+    tool the instruction names (`instructions.names_tool`); instruction length; tasks dropped
+    by reason. `rejections` counts drafted calls and argument values left out, by reason
+    (`REJECTIONS`).
+    """
+    by_h: dict = collections.defaultdict(list)
+    for t in tasks:
+        by_h[int(t.meta.get("nominal_horizon", t.stats["horizon"]))].append(t)
+    out: dict = {}
+    for h in sorted(set(by_h) | {int(k) for k in dropped_by_horizon}):
+        ts = by_h.get(h, [])
+        eff = [closure.effective_horizon(t) for t in ts]
+        calls = [(s, names_tool(t.instruction, s.tool)) for t in ts for st in t.stages for s in st]
+        disc = [names_tool(t.instruction, t.stages[i][j].tool) for t in ts
+                for i, j in discovery_calls(t.stages, t.verifier)]
+        hist = collections.Counter(eff)
+        out[str(h)] = {
+            "tasks": len(ts),
+            "effective_horizon_histogram": {str(k): hist[k] for k in sorted(hist)},
+            "effective_ratio_mean": round(sum(e / h for e in eff) / len(eff), 3) if eff else None,
+            "effective_ratio_min": round(min(eff) / h, 3) if eff else None,
+            "calls": len(calls),
+            "named_calls_fraction": round(sum(n for _, n in calls) / len(calls), 3)
+            if calls else None,
+            "discovery_calls": len(disc),
+            "named_discovery_fraction": round(sum(disc) / len(disc), 3) if disc else None,
+            "instruction_chars_mean": round(sum(len(t.instruction) for t in ts) / len(ts), 1)
+            if ts else None,
+            "dropped": dict(sorted(dropped_by_horizon.get(h, {}).items())),
+        }
+    levels = collections.Counter(t.meta.get("instruction_level", "recipe") for t in tasks)
+    return {"by_horizon": out, "instruction_levels": dict(sorted(levels.items())),
+            "rejections": {k: int(info[k]) for k in REJECTIONS if info.get(k)}}
 
 
 # ----------------------------------------------------------------------------- shards & grain
@@ -463,23 +547,37 @@ def split_tasks(tasks: Sequence[Task], by: str = "server",
 # -------------------------------------------------------------------------------- quickstart
 
 
+# The shipped quickstart sets (and their tests) were generated at the recipe level by the
+# generator before issue 24: these settings keep reproducing them byte for byte.
 QUICKSTART_SETTINGS = {"num_tasks": 64, "horizons": (1, 2, 3), "seed": 0, "max_per_stage": 1,
-                       "num_servers": (1, 2), "servers": None}
+                       "num_servers": (1, 2), "servers": None, "instruction_level": "recipe",
+                       "whole_chain": False}
 
 
 def load_or_generate_quickstart_tasks(out_dir: str | None = None, num_tasks: int = 64,
                                       horizons: Sequence[int] = (1, 2, 3), seed: int = 0,
                                       servers: Sequence[str] | None = None,
                                       executor_factory: str | None = None,
+                                      instruction_level: str = "recipe",
+                                      whole_chain: bool | None = None,
                                       ) -> list[Task]:
     """Returns short GUST tasks over the built-in catalog for the RL quickstart.
 
     Uses, in order: `out_dir/gust_quickstart.jsonl` if it was made with the same settings; the
     file shipped in the package if the settings are the defaults; else generates in-process
     (seconds) and writes it to `out_dir`.
+
+    instruction_level: "recipe" (default) keeps the shipped sets; "stage" or "goal" generate
+    whole-chain tasks (issue 24) at that level. whole_chain (None: level != "recipe") with
+    "recipe" gives the same chains as "goal" with recipe instructions (a curriculum start).
     """
+    if instruction_level not in LEVELS:
+        raise ValueError(f"instruction_level={instruction_level!r}; use one of {LEVELS}")
+    whole_chain = instruction_level != "recipe" if whole_chain is None else bool(whole_chain)
     want = {"num_tasks": num_tasks, "horizons": list(horizons), "seed": seed,
             "servers": list(servers) if servers else None}
+    if whole_chain or instruction_level != "recipe":
+        want.update(instruction_level=instruction_level, whole_chain=whole_chain)
     if out_dir is not None:
         path = os.path.join(out_dir, "gust_quickstart.jsonl")
         meta = os.path.join(out_dir, "gust_quickstart.meta.json")
@@ -495,7 +593,8 @@ def load_or_generate_quickstart_tasks(out_dir: str | None = None, num_tasks: int
         return tasks
     cfg = {**QUICKSTART_SETTINGS, "num_tasks": num_tasks, "horizons": tuple(horizons),
            "seed": seed, "servers": tuple(servers) if servers else None,
-           "num_processes": 0, "executor_factory": executor_factory, "attempts_factor": 6.0}
+           "num_processes": 0, "executor_factory": executor_factory, "attempts_factor": 6.0,
+           "instruction_level": instruction_level, "whole_chain": whole_chain}
     tasks, _ = generate_gust(cfg, out_dir=None, progress=False)
     if out_dir is not None:
         _write_quickstart(tasks, want, out_dir)

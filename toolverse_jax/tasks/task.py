@@ -22,8 +22,16 @@ def episode_spec(servers, seed) -> EpisodeSpec:
 class GoldStep:
     """One gold tool call: `name` is the agent-facing tool name.
 
-    `sources` says where each argument came from: {"param": {"from": "step", "stage": i,
-    "index": j, "field": path} | {"from": "state"} | {"from": "literal"}}.
+    `sources` says where each argument came from (the task format's provenance, kept in every
+    shard line): {"param": {"from": "step", "stage": i, "index": j, "field": path[, "pick":
+    {"field": k, "value": v} | {"position": n}]} | {"from": "state"} | {"from": "literal"}}.
+    "step": taken from the output of gold call (i, j) at `field` (`notes[].note_id`); `pick`
+    says which list element (the one whose k is v, or the n-th); "state": a value seeded in the
+    environment that the user states; "literal": a value the user supplies (text to write).
+
+    `after` ([[stage, index], ...], whole-chain tasks only, omitted when empty): gold calls this
+    one depends on through the state rather than its arguments (checkout empties the cart that
+    add_to_cart filled).
     """
     server: str
     tool: str
@@ -31,14 +39,18 @@ class GoldStep:
     arguments: dict
     observation: Any
     sources: dict = dataclasses.field(default_factory=dict)
+    after: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not d["after"]:
+            del d["after"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "GoldStep":
         return cls(d["server"], d["tool"], d["name"], d["arguments"], d.get("observation"),
-                   d.get("sources") or {})
+                   d.get("sources") or {}, [list(x) for x in d.get("after") or ()])
 
 
 def normalize_text(x: Any) -> str:
@@ -92,12 +104,26 @@ def record_matches(record: dict, match: dict) -> bool:
                and values_equal(v, record[k]) for k, v in match.items())
 
 
+def _item_in(item: Any, items: Any) -> bool:
+    if not isinstance(items, list):
+        return False
+    if isinstance(item, dict):
+        return any(isinstance(x, dict) and record_matches(x, item) for x in items)
+    return any(not isinstance(x, (dict, list)) and values_equal(item, x) for x in items)
+
+
 def check_state(verifier: dict, final_state: dict | None) -> bool:
-    """Returns whether a state verifier holds: some object under `final_state[server]` matches
-    (`exists=True`) or none does (`exists=False`)."""
+    """Returns whether a state check holds: some object under `final_state[server]` matches
+    (`exists=True`) or none does (`exists=False`).
+
+    A check may also name list items the matching object must hold: `"contains": {"tags":
+    ["urgent"], "comments": [{"text": "..."}]}` (order-free; dict items match like `match`).
+    """
     if final_state is None or verifier["server"] not in final_state:
         return False
-    found = any(record_matches(r, verifier["match"])
+    contains = verifier.get("contains") or {}
+    found = any(record_matches(r, verifier["match"]) and
+                all(_item_in(x, r.get(k)) for k, xs in contains.items() for x in xs)
                 for _, r in sch.iter_records(final_state[verifier["server"]]))
     return found == verifier.get("exists", True)
 
@@ -131,12 +157,22 @@ class Task:
     def tools(self) -> tuple[str, ...]:
         return tuple(sorted({f"{s.server}.{s.tool}" for st in self.stages for s in st}))
 
+    @property
+    def needs_state(self) -> bool:
+        """Whether `check` needs the final environment state: state verifiers, and exact/set
+        verifiers that also carry state `checks` (a chain with effects and an asked value)."""
+        return self.verifier["kind"] == "state" or bool(self.verifier.get("checks"))
+
     def check(self, answer_text: str | None, final_state: dict | None = None) -> bool:
-        """Returns whether an agent's final answer / final environment state solves the task."""
+        """Returns whether an agent's final answer / final environment state solves the task.
+
+        An exact/set verifier with `checks` needs both: the answer and every state check."""
         v = self.verifier
         kind = v["kind"]
         if kind == "state":
             return all(check_state(c, final_state) for c in v["checks"])
+        if v.get("checks") and not all(check_state(c, final_state) for c in v["checks"]):
+            return False
         if answer_text is None:
             return False
         if kind == "exact":  # any alias counts (search / BrowseComp-style answers)
