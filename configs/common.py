@@ -9,7 +9,7 @@ older config file keeps working when a knob is added.
 
 from __future__ import annotations
 
-from ml_collections import ConfigDict
+from ml_collections import ConfigDict, config_dict
 
 METHODS = ("toolverse", "memory_r2")
 
@@ -101,6 +101,10 @@ def tool_use() -> ConfigDict:
     # others (environments the warm start has never seen a demonstration of).
     c.tasks.sft_servers = ()
     c.tasks.unseen_demos = 0        # with sft_servers: this many demonstrations of the others too
+    # GUST instruction level: "recipe" (every call spelled out; the shipped quickstart set),
+    # "stage" (each stage's goal) or "goal" (what the user wants; the agent finds the calls).
+    c.tasks.instruction_level = "recipe"
+    c.tasks.whole_chain = config_dict.placeholder(bool)  # None: level != "recipe"
     c.tasks.max_literal_chars = 0   # > 0: keep tasks whose gold literals are at most this long
     c.tasks.search_kinds = ()       # source == "search": question templates (() = all)
     c.tasks.corpus_dir = ""         # source == "search": a BrowseComp-Plus dir ("" = synthetic)

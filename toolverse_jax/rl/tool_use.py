@@ -72,7 +72,8 @@ def load_tasks(t: TaskSpec, rcfg: RolloutConfig, env: EnvSpec, workdir: str
     if t.source == "quickstart":
         tasks = load_or_generate_quickstart_tasks(
             os.path.join(workdir, "tasks"), num_tasks=t.num_tasks, horizons=t.horizons,
-            seed=t.gen_seed, servers=t.servers or None)
+            seed=t.gen_seed, servers=t.servers or None, instruction_level=t.instruction_level,
+            whole_chain=t.whole_chain)
     elif t.source == "search":
         from toolverse_jax.tasks.search_tasks import (TEMPLATES, generate_search_tasks,
                                                       load_browsecomp_plus)
@@ -88,6 +89,10 @@ def load_tasks(t: TaskSpec, rcfg: RolloutConfig, env: EnvSpec, workdir: str
             raise ValueError("config.tasks.path must name a GUST shard directory when "
                              "config.tasks.source='gust'")
         tasks = read_tasks(t.path)
+        if t.instruction_level != "recipe":
+            # whole-chain shards re-render at any level; recipe keeps each task's stored text
+            from toolverse_jax.tasks.instructions import with_instruction_level
+            tasks = with_instruction_level(tasks, t.instruction_level)
     else:
         raise ValueError(f"config.tasks.source={t.source!r}; use 'quickstart', 'search' or 'gust'")
     tasks = filter_tasks(tasks, rcfg, t.max_literal_chars)
