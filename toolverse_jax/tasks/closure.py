@@ -428,20 +428,11 @@ def refresh_program(task: Task, executor: Any):
     It holds when every call succeeds, every argument taken from an output is still found
     there (the picked element too), and the verifier passes on the replay. Fills each step's
     agent-facing `name`."""
-    handle = yield Reset(task.spec)
-    for st in task.stages:
-        for s in st:
-            s.name = executor.agent_name(handle, s.server, s.tool)
-    produced = []
-    for i, st in enumerate(task.stages):
-        res = yield Step([(handle, s.server, s.tool, s.arguments) for s in st])
-        bad = [(s.tool, r.status) for s, r in zip(st, res) if r.status != "ok"]
-        if bad:
-            yield Close(handle)
-            return False, f"stage {i}: {bad[0][0]} returned {bad[0][1]}"
-        produced.append([r.value for r in res])
-    final = yield State(handle)
-    yield Close(handle)
+    from toolverse_jax.tasks.replay import answer_text, execute_chain, replayed_answer  # noqa: PLC0415
+
+    produced, final = yield from execute_chain(task, executor)
+    if produced is None:
+        return False, final
     for st in task.stages:
         for s in st:
             for p, src in s.sources.items():
@@ -456,13 +447,8 @@ def refresh_program(task: Task, executor: Any):
                 if pick and "field" in pick and not _pick_holds(obs, src["field"], pick, want):
                     return False, f"{s.tool}.{p}: the picked element changed"
     v = task.verifier
-    from toolverse_jax.tasks.replay import answer_text  # noqa: PLC0415 - replay imports tasks
-
     if v["kind"] in ("exact", "set"):
-        src = v["source"]
-        obs = produced[src["stage"]][src["index"]]
-        vals = tg.field_values(obs, src["field"]) if src["field"] else [obs]
-        got = vals[0] if v["kind"] == "exact" and vals else vals
+        got = replayed_answer(task, produced)
         if not task.check(answer_text(got), final):
             return False, f"replayed answer {got!r} does not pass the verifier"
     elif not task.check(None, final):

@@ -20,11 +20,10 @@ def answer_text(value: Any) -> str:
     return json.dumps(value)
 
 
-def replay_program(task: Task, executor: Executor):
-    """Program that replays a task's gold stages; returns (ok, reason).
-
-    Also fills each step's agent-facing `name` from the fresh episode.
-    """
+def execute_chain(task: Task, executor: Executor):
+    """Program that runs a task's gold stages in a fresh episode, filling each step's
+    agent-facing `name`; returns (outputs per stage, final state), or (None, reason) at the
+    first call that does not return ok."""
     handle = yield Reset(task.spec)
     for st in task.stages:
         for s in st:
@@ -35,16 +34,33 @@ def replay_program(task: Task, executor: Executor):
         bad = [(s.tool, r.status) for s, r in zip(st, res) if r.status != "ok"]
         if bad:
             yield Close(handle)
-            return False, f"stage {i}: {bad[0][0]} returned {bad[0][1]}"
+            return None, f"stage {i}: {bad[0][0]} returned {bad[0][1]}"
         produced.append([r.value for r in res])
     final = yield State(handle)
     yield Close(handle)
+    return produced, final
+
+
+def replayed_answer(task: Task, produced: list[list[Any]]) -> Any:
+    """Returns the answer an exact/set verifier reads from the replay's outputs."""
+    v = task.verifier
+    src = v["source"]
+    obs = produced[src["stage"]][src["index"]]
+    vals = tg.field_values(obs, src["field"]) if src["field"] else [obs]
+    return vals[0] if v["kind"] == "exact" and vals else vals
+
+
+def replay_program(task: Task, executor: Executor):
+    """Program that replays a task's gold stages; returns (ok, reason).
+
+    Also fills each step's agent-facing `name` from the fresh episode.
+    """
+    produced, final = yield from execute_chain(task, executor)
+    if produced is None:
+        return False, final
     v = task.verifier
     if v["kind"] in ("exact", "set"):
-        src = v["source"]
-        obs = produced[src["stage"]][src["index"]]
-        vals = tg.field_values(obs, src["field"]) if src["field"] else [obs]
-        got = vals[0] if v["kind"] == "exact" and vals else vals
+        got = replayed_answer(task, produced)
         if not task.check(answer_text(got), final):
             return False, f"replayed answer {got!r} does not match {task.answer!r}"
         if not task.check(answer_text(task.answer), final):
