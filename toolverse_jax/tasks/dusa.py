@@ -686,20 +686,27 @@ def task_seed(base_seed: int, index: int) -> int:
     return int.from_bytes(h[:8], "little")
 
 
-def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequence[str]):
-    """Program (see executor.run_programs) that returns (Task | None, reason, info)."""
-    if cfg.whole_chain:
-        return (yield from closed_task_program(g, seed, cfg, allowed))
+def _task_start(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequence[str]):
+    """Returns what both task programs start from, in this RNG order: (rng, servers, the
+    servers' tool subgraph, episode spec, ToolIndex, the sampled instance DAG, its Frontier)."""
     rng = random.Random(seed)
     servers = choose_servers(g, allowed, rng, cfg)
     sub = tg.subgraph_for_servers(g, servers)
     spec = episode_spec(servers, seed % cfg.episode_seed_mod)
     H, N = cfg.horizon, cfg.max_per_stage
-    min_h = cfg.min_horizon if cfg.min_horizon is not None else H
     ix = ToolIndex.build(sub)
     dag = nx.DiGraph()
     grow_subgraph(ix, dag, max(1, int(cfg.subgraph_slack * H * (N + 1) / 2)), rng, cfg)
-    fr = Frontier(dag)
+    return rng, servers, sub, spec, ix, dag, Frontier(dag)
+
+
+def task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed: Sequence[str]):
+    """Program (see executor.run_programs) that returns (Task | None, reason, info)."""
+    if cfg.whole_chain:
+        return (yield from closed_task_program(g, seed, cfg, allowed))
+    rng, servers, sub, spec, ix, dag, fr = _task_start(g, seed, cfg, allowed)
+    H, N = cfg.horizon, cfg.max_per_stage
+    min_h = cfg.min_horizon if cfg.min_horizon is not None else H
 
     handle = yield Reset(spec)
     before = yield State(handle)
@@ -1105,16 +1112,9 @@ def closed_task_program(g: nx.MultiDiGraph, seed: int, cfg: DusaConfig, allowed:
     closure spans H stages (not just until H stages ran); the chain is then trimmed to that
     closure, so every stage is needed, and the horizon is what remains.
     """
-    rng = random.Random(seed)
-    servers = choose_servers(g, allowed, rng, cfg)
-    sub = tg.subgraph_for_servers(g, servers)
-    spec = episode_spec(servers, seed % cfg.episode_seed_mod)
+    rng, servers, sub, spec, ix, dag, fr = _task_start(g, seed, cfg, allowed)
     H, N = cfg.horizon, cfg.max_per_stage
     min_h = cfg.min_horizon if cfg.min_horizon is not None else H
-    ix = ToolIndex.build(sub)
-    dag = nx.DiGraph()
-    grow_subgraph(ix, dag, max(1, int(cfg.subgraph_slack * H * (N + 1) / 2)), rng, cfg)
-    fr = Frontier(dag)
 
     handle = yield Reset(spec)
     state0 = yield State(handle)
