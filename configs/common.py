@@ -114,6 +114,10 @@ def tool_use() -> ConfigDict:
     c.rollout.max_context = 1024
     c.rollout.max_new_tokens = 80
     c.rollout.tool_format = "minimal"
+    # "auto": the tokenizer's own Jinja chat template when it has one (a real checkpoint's:
+    # SmolLM2's ChatML, Qwen3's), else chat.py's Qwen3 format (byte, trained BPE); "qwen3":
+    # chat.py's Qwen3 format always (models/template.py: select_chat_template).
+    c.rollout.chat_template = "auto"
     c.rollout.prompt_tools = "gold"  # "gold" (+ num_distractors) | "all" of the episode's servers
     c.rollout.num_distractors = 2
     c.rollout.temperature = 1.0

@@ -24,6 +24,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model = ConfigDict()
     c.model.preset = "tiny"         # used only when checkpoint == ""
     c.model.tokenizer = ""          # "" = the checkpoint's own, else byte; or "byte" | "qwen3" | dir
+    c.model.chat_template = "auto"  # "auto": the tokenizer's own template if any; "qwen3"
     c.model.dtype = "bfloat16"
     c.model.overrides = ConfigDict()  # ModelConfig fields of a random-init preset (checkpoint "")
 

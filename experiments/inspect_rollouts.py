@@ -67,11 +67,13 @@ def inspect(config, workdir: str, split: str = "eval", n: int = 32, k: int = 1,
     catalog = tool_use.run_catalog(spec.env)
     tokenizer = tool_use.build_tokenizer(spec.model, tu.rollout, splits["train"], catalog,
                                          workdir)
+    rcfg = tool_use.rollout_config(tu, tokenizer)
     cfg, params, got_step = load_orbax_params(workdir, step)
-    sampling = sampling_params(tokenizer, tu.max_new_tokens, temperature)
+    sampling = sampling_params(tokenizer, tu.max_new_tokens, temperature,
+                               template=rcfg.chat_template)
     with EnvPool(catalog, **spec.env.pool_kwargs()) as pool:
         trajs = run_rollouts(SamplerPolicy(params, cfg, sampling), tasks, k, pool, tokenizer,
-                             tu.rollout, jax.random.key(spec.seed), seed=10_000)
+                             rcfg, jax.random.key(spec.seed), seed=10_000)
     summary = {"step": got_step, "split": split, "scope": scope, "k": k, "temperature": temperature,
                **summarize(trajs)}
     return summary, trajs, tokenizer

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import all as bench_all
-from benchmarks import gpu_check, grpo_trl, multihost, sampler, search_index, train_step
+from benchmarks import gpu_check, grpo_trl, multihost, sampler, search_index, smollm2_sampler, train_step
 from toolverse_jax.models import ModelConfig
 
 
@@ -61,6 +61,28 @@ def test_sampler_quick_run():
     assert 0.0 <= out["greedy_match"] <= 1.0
     assert out["threads"]["torch"] == out["threads"]["jax"]
     assert len(out["loadavg"]) == 3
+
+
+def test_smollm2_sampler_prefix_count_and_flags():
+    assert smollm2_sampler.common_prefix([1, 2, 3, 4], np.array([1, 2, 9, 4])) == 2
+    assert smollm2_sampler.common_prefix([5, 6], [5, 6, 7]) == 2
+    q = smollm2_sampler.parse_args(["--quick"])
+    assert (q.batches, q.new_tokens, q.repeats) == ([1, 2], 16, 1)
+    assert smollm2_sampler.parse_args([]).batches == [1, 4]
+
+
+@pytest.mark.slow  # loads the 135M-param GGUF twice (ours, transformers'): minutes on 2 cores
+def test_smollm2_sampler_quick_run():
+    pytest.importorskip("gguf")
+    out = smollm2_sampler.run(smollm2_sampler.parse_args(["--quick"]))
+    json.dumps(out)
+    if "skipped" in out:
+        pytest.skip(out["skipped"])
+    assert out["ours_tokens_per_s"] > 0 and out["hf_tokens_per_s"] > 0
+    assert set(out["batches"]) == {"1", "2"}
+    # the same dequantized weights read by two GGUF readers: greedy tokens agree
+    assert out["greedy_equal_tokens"] == out["greedy_checked"] == 16
+    assert out["ours_text"] == out["hf_text"]
 
 
 @pytest.mark.slow

@@ -13,10 +13,12 @@ import pytest
 
 from toolverse_jax.models import chat
 from toolverse_jax.models.template import (
+    CHAT_TEMPLATE_CHOICES,
     QWEN3_CHAT_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,
     chat_template_for,
+    select_chat_template,
 )
 from toolverse_jax.models.tokenizer import (
     ByteTokenizer,
@@ -292,6 +294,19 @@ def test_errors_and_fallbacks(chatml):
         ChatTemplate("{{ raise_exception('boom') }}", tok)
     with pytest.raises(ValueError, match="role must be one of"):
         tpl.render_prompt([{"role": "robot", "content": "x"}])
+
+
+def test_select_chat_template(chatml, qwen3):
+    # "auto": the tokenizer's own template (None without one); "qwen3": chat.py's format.
+    tok, _ = chatml
+    auto = select_chat_template("auto", tok)
+    assert auto.source == SMOLLM2_TEMPLATE and auto.tool_mode == "lowered"
+    assert select_chat_template("qwen3", tok) is None
+    assert select_chat_template("auto", ByteTokenizer()) is None
+    assert select_chat_template("auto", qwen3[0]).tool_mode == "native"
+    assert CHAT_TEMPLATE_CHOICES == ("auto", "qwen3")
+    with pytest.raises(ValueError, match=r"chat_template='chatml'; use one of \('auto', 'qwen3'\)"):
+        select_chat_template("chatml", tok)
 
 
 # ------------------------------------------------------------------ <think> vs transformers

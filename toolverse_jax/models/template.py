@@ -49,6 +49,10 @@ from toolverse_jax.models import chat
 from toolverse_jax.models.chat import Rendered
 
 TOOL_MODES = ("auto", "native", "lowered")
+# How a run renders chats (config.rollout.chat_template, the eval configs' model.chat_template):
+# "auto" = the tokenizer's own template when it has one (chat_template_for), else chat.py's
+# Qwen3 format; "qwen3" = chat.py's Qwen3 format whatever the tokenizer carries.
+CHAT_TEMPLATE_CHOICES = ("auto", "qwen3")
 
 # Qwen3's chat template as released with Qwen/Qwen3-0.6B … Qwen3-32B (Apache-2.0; the copy in
 # llama.cpp's models/templates/Qwen-Qwen3-0.6B.jinja). The offline Qwen3 tokenizer
@@ -479,3 +483,13 @@ def chat_template_for(tokenizer, tool_mode: str = "auto", **template_kwargs) -> 
     if not source:
         return None
     return ChatTemplate(source, tokenizer, tool_mode=tool_mode, template_kwargs=template_kwargs)
+
+
+def select_chat_template(choice: str, tokenizer) -> ChatTemplate | None:
+    """Returns the ChatTemplate a run renders with for `choice` (CHAT_TEMPLATE_CHOICES): the
+    tokenizer's own for "auto" (None when it has none, as byte and trained BPE tokenizers), None
+    (chat.py's Qwen3 format) for "qwen3"."""
+    if choice not in CHAT_TEMPLATE_CHOICES:
+        raise ValueError(f"chat_template={choice!r}; use one of {CHAT_TEMPLATE_CHOICES} ('auto': "
+                         f"the tokenizer's own Jinja template, 'qwen3': the built-in Qwen3 format)")
+    return chat_template_for(tokenizer) if choice == "auto" else None

@@ -18,6 +18,7 @@ from ml_collections import ConfigDict
 
 from configs import common
 from toolverse_jax.memory.rollout import MemoryRolloutConfig
+from toolverse_jax.models.template import CHAT_TEMPLATE_CHOICES
 from toolverse_jax.rl.rollout import RolloutConfig
 from toolverse_jax.rl.trainer import LossConfig, make_optimizer
 from toolverse_jax.sampling import SamplingParams
@@ -26,18 +27,23 @@ from toolverse_jax.sampling import SamplingParams
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")
 
 
-def stop_ids(tokenizer) -> tuple[int, ...]:
-    """Returns the ids of STOP_STRINGS that `tokenizer` has as single tokens."""
-    return tuple(tokenizer.stop_ids_for(list(STOP_STRINGS)))
+def stop_ids(tokenizer, template=None) -> tuple[int, ...]:
+    """Returns the ids of STOP_STRINGS that `tokenizer` has as single tokens, plus the end
+    token of `template` (a models.template.ChatTemplate) when it is another one."""
+    ids = tuple(tokenizer.stop_ids_for(list(STOP_STRINGS)))
+    if template is not None and template.end_id not in ids:
+        ids += (template.end_id,)
+    return ids
 
 
 def sampling_params(tokenizer, max_new_tokens: int, temperature: float, top_p: float = 1.0,
-                    top_k: int = 0) -> SamplingParams:
-    """Returns SamplingParams stopping at STOP_STRINGS; temperature 0 = greedy (no top-p/k)."""
+                    top_k: int = 0, template=None) -> SamplingParams:
+    """Returns SamplingParams stopping at STOP_STRINGS (and `template`'s end token);
+    temperature 0 = greedy (no top-p/k)."""
     greedy = temperature <= 0
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=max(temperature, 0.0),
                           top_p=1.0 if greedy else top_p, top_k=0 if greedy else top_k,
-                          stop_token_ids=stop_ids(tokenizer), pad_id=tokenizer.pad_id)
+                          stop_token_ids=stop_ids(tokenizer, template), pad_id=tokenizer.pad_id)
 
 
 def resolve(config: ConfigDict) -> ConfigDict:
@@ -185,6 +191,9 @@ class ToolUseSpec:
     score_reference: bool           # score the reference on every RL batch (k3 KL, or logged)
     async_rollouts: bool = False    # rollouts on a thread, up to max_staleness versions ahead
     max_staleness: int = 0
+    # models.template.CHAT_TEMPLATE_CHOICES; resolved against the run's tokenizer once it is
+    # built (rl/tool_use.py: rollout_config), so `rollout.chat_template` is None here.
+    chat_template: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +301,9 @@ class RunSpec:
 
 def _tool_use(c: ConfigDict) -> ToolUseSpec:
     t, ro, r = c.tasks, c.rollout, c.rl
+    if ro.chat_template not in CHAT_TEMPLATE_CHOICES:
+        raise ValueError(f"config.rollout.chat_template={ro.chat_template!r}; use one of "
+                         f"{CHAT_TEMPLATE_CHOICES}")
     rollout = RolloutConfig(max_turns=ro.max_turns, max_context=ro.max_context,
                             tool_format=ro.tool_format, prompt_tools=ro.prompt_tools,
                             num_distractors=ro.num_distractors,
@@ -315,7 +327,8 @@ def _tool_use(c: ConfigDict) -> ToolUseSpec:
         warm_start=c.train.warm_start, eval_tasks=int(c.train.eval_tasks),
         probe_tasks=min(int(c.train.probe_tasks or 0), int(c.train.eval_tasks)),
         score_reference=r.kl_coef > 0 or bool(c.train.log_ref_kl),
-        async_rollouts=bool(r.async_rollouts), max_staleness=max(int(r.max_staleness), 0))
+        async_rollouts=bool(r.async_rollouts), max_staleness=max(int(r.max_staleness), 0),
+        chat_template=str(ro.chat_template))
 
 
 def _memory(c: ConfigDict) -> MemorySpec:

@@ -13,6 +13,7 @@ fixed probe of RL tasks sampled like training rollouts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -28,6 +29,7 @@ import numpy as np
 
 from toolverse_jax.envs import Catalog, EnvPool, episode_tools
 from toolverse_jax.models import load_tokenizer
+from toolverse_jax.models.template import select_chat_template
 from toolverse_jax.models.tokenizer import ByteTokenizer, train_bpe_tokenizer
 from toolverse_jax.rl.batching import compute_advantages, demonstration_row, trajectory_rows
 from toolverse_jax.rl.driver import PROGRAMS, build_model
@@ -35,7 +37,7 @@ from toolverse_jax.rl.metrics import advantage_metrics, advantage_stats, rollout
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
                                       observation_text, prompt_tool_specs, run_rollouts)
 from toolverse_jax.rl.spec import (EnvSpec, ModelSpec, PhaseSpec, RunSpec, TaskSpec,
-                                   sampling_params)
+                                   ToolUseSpec, sampling_params)
 from toolverse_jax.rl.types import Row
 from toolverse_jax.sharding import distributed, make_mesh, sharding_context
 from toolverse_jax.sharding.distributed import barrier, gather_rows, local_params, process_slice
@@ -63,6 +65,14 @@ def build_tokenizer(model: ModelSpec, rcfg: RolloutConfig, train_tasks: list[Tas
     print(f"tokenizer: trained {tok.num_ids} ids on {len(texts)} gold chains -> {path}",
           flush=True)
     return tok
+
+
+def rollout_config(tu: ToolUseSpec, tokenizer) -> RolloutConfig:
+    """Returns the run's RolloutConfig with its chat template resolved against the run's
+    tokenizer (config.rollout.chat_template; "auto" keeps None for byte / trained BPE
+    tokenizers, so their rollouts render exactly as before)."""
+    return dataclasses.replace(tu.rollout,
+                               chat_template=select_chat_template(tu.chat_template, tokenizer))
 
 
 def load_tasks(t: TaskSpec, rcfg: RolloutConfig, env: EnvSpec, workdir: str
@@ -387,6 +397,9 @@ class ToolUseProgram:
                                          workdir)
         if lead:
             barrier("tasks")
+        # Task filtering and the trained tokenizer used the spec's rollout settings (no
+        # template yet); everything rendered from here on uses the tokenizer's template.
+        self.rcfg = rollout_config(tu, self.tokenizer)
         self.cfg, self.params0 = build_model(spec.model, spec.seed, self.tokenizer)
         self.pad_id = self.tokenizer.pad_id
         self.score_reference = tu.score_reference
@@ -405,8 +418,9 @@ class ToolUseProgram:
         self.probe_tasks = list(self.rl_pool[:tu.probe_tasks])[self.pid::nproc]
         self.tasks_by_id = {t.id: t for split in tasks.values() for t in split}
         self.sampling = sampling_params(self.tokenizer, tu.max_new_tokens, tu.temperature,
-                                        tu.top_p, tu.top_k)
-        self.greedy = sampling_params(self.tokenizer, tu.max_new_tokens, 0.0)
+                                        tu.top_p, tu.top_k, self.rcfg.chat_template)
+        self.greedy = sampling_params(self.tokenizer, tu.max_new_tokens, 0.0,
+                                      template=self.rcfg.chat_template)
         self._tools: dict[tuple, list[dict]] = {}
         # Rollouts and evals share the env pool; with async rollouts they run on two threads.
         self.pool_lock = threading.Lock()
