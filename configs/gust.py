@@ -18,6 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.servers = config_dict.placeholder(tuple)     # None: every available server
     c.kinds = ("builtin",)              # catalog kinds to draw servers from
     c.num_processes = 2                 # generator processes (0: in this process)
+    c.backend = "process"               # "process" | "ray": num_processes Ray actors (RAY_ADDRESS)
+    c.ray_options = ml_collections.ConfigDict({"num_cpus": 1})  # ray: actor .options() (any key)
     c.chunk_size = 16                   # task seeds per work item
     c.max_concurrent = 16               # tasks in flight per process (batched env calls)
     c.num_env_workers = 0               # EnvPool workers per generator process (0: in-process)

@@ -6,6 +6,7 @@ Tool specs are MCP-shaped (inputSchema/outputSchema); state is seeded and per ep
 from __future__ import annotations
 
 import copy
+import os
 import random
 
 import jsonschema
@@ -243,3 +244,19 @@ class FakeExecutor:
 def make_fake_executor():
     """Factory used by generation workers in tests (importable by spawned processes)."""
     return FakeExecutor()
+
+
+class DyingExecutor(FakeExecutor):
+    """A FakeExecutor whose process exits at its first `step` while the file named by
+    TOOLVERSE_TEST_DIE_ONCE does not exist yet (it creates it first): one crash per test."""
+
+    def step(self, calls):
+        marker = os.environ.get("TOOLVERSE_TEST_DIE_ONCE", "")
+        if marker and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return super().step(calls)
+
+
+def make_dying_executor():
+    return DyingExecutor()

@@ -26,6 +26,8 @@ QUICKSTART_FILE = os.path.join(os.path.dirname(__file__), "data", "gust_quicksta
 
 # ------------------------------------------------------------------------------ configuration
 
+BACKENDS = ("process", "ray")
+
 
 def default_config() -> dict:
     """Returns the default generation settings (what `configs/gust.py` exposes)."""
@@ -39,6 +41,9 @@ def default_config() -> dict:
         "servers": None,            # None: every available server of the catalog
         "kinds": ("builtin",),
         "num_processes": 1,         # 0: in this process
+        "backend": "process",       # "process" (spawned here) | "ray" (actors in a Ray cluster)
+        "ray_options": None,        # backend="ray": dict for the actors' .options(), e.g.
+                                    # {"num_cpus": 1, "resources": {"gen_node": 1}}
         "chunk_size": 16,
         "max_concurrent": 16,
         "num_env_workers": 0,       # EnvPool workers inside each generator process
@@ -68,6 +73,8 @@ def _settings(cfg: Any) -> dict:
     if unknown:
         raise KeyError(f"unknown GUST settings {sorted(unknown)}; known: {sorted(d)}")
     d.update({k: v for k, v in src.items() if k in d})
+    if d["ray_options"] is not None:
+        d["ray_options"] = dict(d["ray_options"])
     for k in ("horizons", "num_servers", "servers", "kinds"):
         if d[k] is not None:
             d[k] = tuple(d[k])
@@ -203,22 +210,29 @@ def _generate_in_pool(ctx, nproc: int, s: dict, t0: float, consume) -> float:
             if len(pids) >= nproc:
                 break
         startup = time.time() - t0
-        chunks = _chunks(s)
-        inflight: collections.deque = collections.deque()
-        for ch in chunks:
-            inflight.append(pool.apply_async(_run_chunk, (ch,)))
-            if len(inflight) >= 2 * nproc:
-                break
-        while inflight:
-            rows = inflight.popleft().get()
-            if consume(rows):
-                break
-            nxt = next(chunks, None)
-            if nxt is not None:
-                inflight.append(pool.apply_async(_run_chunk, (nxt,)))
+        feed_chunks(s, 2 * nproc, lambda ch: pool.apply_async(_run_chunk, (ch,)),
+                    lambda handle: handle.get(), consume)
         pool.terminate()
         pool.join()
     return startup
+
+
+def feed_chunks(s: dict, depth: int, submit, result, consume) -> None:
+    """Keeps `depth` index chunks in flight (`submit(chunk) -> handle`) and hands their rows to
+    `consume` in index order (`result(handle) -> rows`) until it says done or seeds run out:
+    the kept set is the same whatever runs the chunks (processes, Ray actors)."""
+    chunks = _chunks(s)
+    inflight: collections.deque = collections.deque()
+    for ch in chunks:
+        inflight.append(submit(ch))
+        if len(inflight) >= depth:
+            break
+    while inflight:
+        if consume(result(inflight.popleft())):
+            return
+        nxt = next(chunks, None)
+        if nxt is not None:
+            inflight.append(submit(nxt))
 
 
 def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
@@ -269,7 +283,13 @@ def generate_gust(cfg: Any, out_dir: str | None = None, progress: bool = True,
 
     nproc = int(s["num_processes"])
     startup = 0.0
-    if nproc <= 0:
+    if s["backend"] not in BACKENDS:
+        raise ValueError(f"backend={s['backend']!r}; use one of {BACKENDS}")
+    if s["backend"] == "ray":
+        from toolverse_jax.tasks.ray_gen import generate_on_ray  # noqa: PLC0415 - optional extra
+
+        startup = generate_on_ray(max(nproc, 1), s, t0, consume)
+    elif nproc <= 0:
         _init_worker(s)
         startup = time.time() - t0
         info_tot.update({f"graph_{k}": v for k, v in _WORKER.get("refined", {}).items()})
