@@ -38,3 +38,24 @@ def test_configs_load():
     q, b = quickstart.get_config(), toolverse_qwen3_4b.get_config()
     assert q.model.preset == "tiny" and b.model.preset == "qwen3-4b"
     assert set(q.keys()) == set(b.keys())
+
+
+def test_training_records_its_config_in_the_workdir(tmp_path):
+    """WORKDIR/config.json is the latest invocation's resolved config; config_history.jsonl
+    keeps one line per invocation, so a resumed run with other flags shows what changed."""
+    import json
+
+    from configs import quickstart
+    from toolverse_jax.rl.driver import record_config
+
+    c = quickstart.get_config()
+    record_config(c, str(tmp_path))
+    c.rl.steps = 7
+    record_config(c, str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["rl"]["steps"] == 7
+    with open(tmp_path / "config_history.jsonl") as f:
+        hist = [json.loads(line) for line in f]
+    assert [h["config"]["rl"]["steps"] for h in hist] == [100, 7]
+    assert hist[0]["config"]["tasks"]["sft_fraction"] == 0.15
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".config")]

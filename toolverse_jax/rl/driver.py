@@ -110,7 +110,22 @@ def run_training(config: ConfigDict, workdir: str) -> dict:
     process makes its own slice of each step's rows, the train step runs on the global batch,
     and process 0 writes the logs (all processes write the checkpoints together)."""
     spec = RunSpec.from_config(config)
+    record_config(config, workdir)
     return run(spec, workdir)
+
+
+def record_config(config: ConfigDict, workdir: str) -> None:
+    """Writes the run's resolved config to WORKDIR/config.json and appends it, with the time, to
+    WORKDIR/config_history.jsonl (one line per invocation: a resumed run shows what changed)."""
+    os.makedirs(workdir, exist_ok=True)
+    text = config.to_json_best_effort(sort_keys=True)
+    tmp = os.path.join(workdir, f".config.json.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, os.path.join(workdir, "config.json"))
+    with open(os.path.join(workdir, "config_history.jsonl"), "a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                            "config": json.loads(text)}, sort_keys=True) + "\n")
 
 
 def run(spec: RunSpec, workdir: str) -> dict:
