@@ -154,10 +154,11 @@ def headline(rec: dict) -> tuple[str, str, str]:
                 f"({_fmt(r['pool_ms_per_call'])} ms/call)",
                 f"in-process {_fmt(r['direct_episodes_per_s'])} episodes/s", _fmt(r["ratio"]))
     if name == "rollout":
-        return (f"KV kept across turns: {_fmt(r['tokens_per_s']['kv'])} tok/s at horizon "
+        tps = r["tokens_per_s"]
+        return (f"continuous batching: {_fmt(tps['continuous'])} tok/s at horizon "
                 f"{r['horizon']} ({r['model']}), greedy equal {r['greedy_equal']}",
-                f"re-prefill every turn: {_fmt(r['tokens_per_s']['sync'])} tok/s",
-                _fmt(r["speedup_vs_sync"]))
+                f"turn loop, KV kept: {_fmt(tps['kv'])} tok/s; re-prefill: "
+                f"{_fmt(tps['reprefill'])} tok/s", _fmt(r["speedup_vs_sync"]))
     if name == "multihost":
         s, m = r["single_process"], r["two_processes"]
         return (f"2 processes (gloo): {_fmt(m['step_s'])} s/step, {_fmt(m['tokens_per_s'])} tok/s; "

@@ -126,6 +126,15 @@ def tool_use() -> ConfigDict:
     c.rollout.max_observation_chars = 200
     c.rollout.max_invalid_streak = 0  # end a rollout after N turns of only invalid calls (0 = off)
     c.rollout.max_episode_s = 0.0   # end rollouts whose episode ran this long (0 = off)
+    # "sync": every turn of the batch in lockstep (KV kept across turns); "continuous": episodes
+    # decode in slots that progress independently, env calls overlapped with decoding
+    # (rl/engine.py). engine_slots: decode slots (0 = one per rollout of the step);
+    # engine_chunk: decode steps per compiled call; engine_resume_lag: decode steps a turn's
+    # env calls get before its slot waits for them (keeps runs deterministic).
+    c.rollout.engine = "sync"
+    c.rollout.engine_slots = 0
+    c.rollout.engine_chunk = 16
+    c.rollout.engine_resume_lag = 8
 
     c.rl.tasks_per_step = 8
     # Bounded-staleness async RL: a rollout thread runs ahead of the trainer by at most

@@ -26,6 +26,7 @@ from toolverse_jax.tasks.task import values_equal
 from toolverse_jax.rl.types import Trajectory, Turn
 
 DEFAULT_SYSTEM = ("Use the tools. Finish with <answer>...</answer>.")
+ENGINES = ("sync", "continuous")
 
 
 class Policy(Protocol):
@@ -83,6 +84,20 @@ class RolloutConfig:
     # The checkpoint's chat template (models.template.chat_template_for(tokenizer)); None
     # renders chat.py's Qwen3 format (tokenizers without a template: byte, trained BPE).
     chat_template: Any = None
+    # The rollout engine (ENGINES): "sync" runs every turn of the batch in lockstep (the
+    # policy's own sampler; with a SamplerPolicy, KV kept across turns); "continuous" runs
+    # a SamplerPolicy's episodes in decode slots that progress independently, env calls
+    # overlapped with decoding (rl/engine.py; `engine_slots` 0 = a slot per episode,
+    # `engine_chunk` decode steps per compiled call, `engine_resume_lag` decode steps a
+    # turn's env calls get before its slot waits for them).
+    engine: str = "sync"
+    engine_slots: int = 0
+    engine_chunk: int = 16
+    engine_resume_lag: int = 8
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"RolloutConfig.engine={self.engine!r}; use one of {ENGINES}")
 
 
 def state_key(executed: set[str] | Sequence[str]) -> int:
@@ -218,23 +233,17 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
                  tokenizer, cfg: RolloutConfig, rng: jax.Array, seed: int = 0,
                  group_offset: int = 0) -> list[Trajectory]:
     """Returns len(tasks) * group_size trajectories; rollouts of one task share a group id and
-    start from identical environment state (same episode seed)."""
-    np_rng = np.random.default_rng(seed)
-    specs, owners = [], []
-    for gi, task in enumerate(tasks):
-        for _ in range(group_size):
-            specs.append(task.spec)
-            owners.append((gi, task))
-    episodes: list[Episode] = pool.reset(specs)
-    trajs: list[Trajectory] = []
-    task_tools: dict[int, list[dict]] = {}
-    for (gi, task), ep in zip(owners, episodes):
-        if gi not in task_tools:  # the same listed tools for every rollout in a group
-            task_tools[gi] = prompt_tool_specs(task, ep.tools, cfg, np_rng)
-        prompt = render_prompt(task_messages(task, cfg), tokenizer, task_tools[gi], cfg.tool_format,
-                               template=cfg.chat_template)
-        trajs.append(Trajectory(task.id, group_offset + gi, list(prompt), [False] * len(prompt),
-                                [0.0] * len(prompt), [-1] * len(prompt), len(prompt)))
+    start from identical environment state (same episode seed).
+
+    cfg.engine "continuous" runs a `SamplerPolicy` (with kv_reuse) through `rl.engine`
+    (continuous batching, env calls overlapped with decoding); "sync" and any other policy run
+    the turn loop below."""
+    if cfg.engine == "continuous" and isinstance(policy, SamplerPolicy) and policy.kv_reuse:
+        from toolverse_jax.rl.engine import run_continuous
+        return run_continuous(policy, tasks, group_size, pool, tokenizer, cfg, rng, seed,
+                              group_offset)
+    episodes, owners, trajs = start_rollouts(tasks, group_size, pool, tokenizer, cfg, seed,
+                                             group_offset)
     active = [i for i in range(len(trajs))]
     # Per rollout, the executed calls with their observations so far: the state keys.
     executed: list[set[str]] = [set() for _ in trajs]
@@ -269,21 +278,58 @@ def run_rollouts(policy: Policy, tasks: Sequence[Task], group_size: int, pool: E
             if calls_batch:
                 results = pool.step(calls_batch)
                 for (_, name, args), i, obs in zip(calls_batch, owners_batch, results):
-                    pending[i].append(obs.content)
-                    trajs[i].turns[-1].statuses.append(obs.status)
-                    executed[i].add(json.dumps([name, args, obs.status, obs.content],
-                                               ensure_ascii=False, sort_keys=True, default=str))
-                    if obs.status == "server_crashed":
-                        trajs[i].infra_failed = True
+                    apply_observation(trajs[i], name, args, obs, pending[i], executed[i])
             active = [i for i in still if _continue(trajs[i], pending[i], invalid_streak, i,
                                                     tokenizer, cfg)]
         for i in active:
             trajs[i].end_reason = "max_turns"
-        for tr, ep, (_, task) in zip(trajs, episodes, owners):
-            _score(tr, ep, task, pool, cfg)
+        finish_rollouts(trajs, episodes, owners, pool, cfg)
     finally:
         pool.close(episodes)
     return trajs
+
+
+def start_rollouts(tasks: Sequence[Task], group_size: int, pool: EnvPool, tokenizer,
+                   cfg: RolloutConfig, seed: int, group_offset: int
+                   ) -> tuple[list[Episode], list[tuple[int, Task]], list[Trajectory]]:
+    """Returns (episodes, (group, task) of each, trajectories holding their rendered prompts):
+    group_size fresh episodes per task, in task order."""
+    np_rng = np.random.default_rng(seed)
+    specs, owners = [], []
+    for gi, task in enumerate(tasks):
+        for _ in range(group_size):
+            specs.append(task.spec)
+            owners.append((gi, task))
+    episodes: list[Episode] = pool.reset(specs)
+    trajs: list[Trajectory] = []
+    task_tools: dict[int, list[dict]] = {}
+    for (gi, task), ep in zip(owners, episodes):
+        if gi not in task_tools:  # the same listed tools for every rollout in a group
+            task_tools[gi] = prompt_tool_specs(task, ep.tools, cfg, np_rng)
+        prompt = render_prompt(task_messages(task, cfg), tokenizer, task_tools[gi], cfg.tool_format,
+                               template=cfg.chat_template)
+        trajs.append(Trajectory(task.id, group_offset + gi, list(prompt), [False] * len(prompt),
+                                [0.0] * len(prompt), [-1] * len(prompt), len(prompt)))
+    return episodes, owners, trajs
+
+
+def apply_observation(tr: Trajectory, name: str, args: Any, obs: Any, responses: list[str],
+                      executed: set[str]) -> None:
+    """Records one executed call's observation on rollout `tr`'s last turn: its response text,
+    status, the state key's executed set, and a server crash as an infra failure."""
+    responses.append(obs.content)
+    tr.turns[-1].statuses.append(obs.status)
+    executed.add(json.dumps([name, args, obs.status, obs.content],
+                            ensure_ascii=False, sort_keys=True, default=str))
+    if obs.status == "server_crashed":
+        tr.infra_failed = True
+
+
+def finish_rollouts(trajs: Sequence[Trajectory], episodes: Sequence[Episode],
+                    owners: Sequence[tuple[int, Task]], pool: EnvPool, cfg: RolloutConfig) -> None:
+    """Scores every finished rollout (`_score`)."""
+    for tr, ep, (_, task) in zip(trajs, episodes, owners):
+        _score(tr, ep, task, pool, cfg)
 
 
 def _record_turn(tr: Trajectory, task: Task, out: SampleOutput, row: int, turn: int, skey: int,

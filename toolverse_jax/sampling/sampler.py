@@ -81,6 +81,54 @@ def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     return logits
 
 
+def sample_tokens(logits: jax.Array, sp: SamplingParams, draw) -> tuple[jax.Array, jax.Array]:
+    """Returns (ids [batch], their log-probs [batch]) picked from logits [batch, vocab]: argmax
+    at temperature 0, else `draw(filtered scaled logits)`; log-probs are under the
+    temperature-scaled distribution (before top-k / top-p), as the trainer scores them."""
+    if sp.temperature == 0.0:
+        scaled = logits
+        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    else:
+        scaled = logits / sp.temperature
+        tok = draw(filter_logits(scaled, sp.top_k, sp.top_p)).astype(jnp.int32)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tok[:, None], axis=-1)[:, 0]
+    return tok, lp
+
+
+class StopTables(NamedTuple):
+    """SamplingParams' stop ids and stop sequences as arrays: ids [K]; seqs [S, M] right-aligned
+    against the generated tail (M = longest sequence); lens [S]; tail_mask [S, M]."""
+
+    ids: jax.Array
+    seqs: jax.Array
+    lens: jax.Array
+    tail_mask: jax.Array
+
+    @classmethod
+    def of(cls, sp: SamplingParams) -> "StopTables":
+        max_stop = max((len(s) for s in sp.stop_sequences), default=1)
+        seqs = np.full((max(len(sp.stop_sequences), 1), max_stop), -1, np.int32)
+        lens = np.zeros((seqs.shape[0],), np.int32)
+        for i, s in enumerate(sp.stop_sequences):
+            seqs[i, max_stop - len(s):] = s
+            lens[i] = len(s)
+        mask = np.arange(max_stop)[None, :] >= (max_stop - lens)[:, None]
+        return cls(jnp.asarray(sp.stop_token_ids or (-1,), jnp.int32), jnp.asarray(seqs),
+                   jnp.asarray(lens), jnp.asarray(mask))
+
+    def empty_tail(self, batch: int) -> jax.Array:
+        """Returns the tail [batch, M] of rows that generated nothing yet."""
+        return jnp.full((batch, self.seqs.shape[1]), -2, jnp.int32)
+
+    def hit(self, tok: jax.Array, tail: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Returns (whether tok [batch] ends a stop id or sequence, the tail with tok pushed)."""
+        tail = jnp.concatenate([tail[:, 1:], tok[:, None]], axis=1)
+        hit_id = jnp.any(tok[:, None] == self.ids[None, :], axis=-1)
+        seq_eq = (tail[:, None, :] == self.seqs[None]) | ~self.tail_mask[None]
+        hit_seq = jnp.any(jnp.all(seq_eq, axis=-1) & (self.lens[None] > 0), axis=-1)
+        return hit_id | hit_seq, tail
+
+
 def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConfig,
                    sp: SamplingParams):
     """Returns (out_tokens, out_logprobs, lengths, stopped, cache): writes `tokens` [b, p]
@@ -94,15 +142,7 @@ def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConf
     hidden, cache = forward(params, cfg, tokens, positions, seg, cache)
     logits = hidden[:, -1].astype(jnp.float32) @ w
     pos = positions[:, -1] + 1
-    stop_ids = jnp.asarray(sp.stop_token_ids or (-1,), jnp.int32)
-    max_stop = max((len(s) for s in sp.stop_sequences), default=1)
-    stop_seqs = np.full((max(len(sp.stop_sequences), 1), max_stop), -1, np.int32)
-    stop_lens = np.zeros((stop_seqs.shape[0],), np.int32)
-    for i, s in enumerate(sp.stop_sequences):
-        stop_seqs[i, max_stop - len(s):] = s  # right-aligned against the generated tail
-        stop_lens[i] = len(s)
-    stop_seqs, stop_lens = jnp.asarray(stop_seqs), jnp.asarray(stop_lens)
-    tail_mask = jnp.arange(max_stop)[None, :] >= (max_stop - stop_lens)[:, None]  # [S, M]
+    stops = StopTables.of(sp)
 
     def cond(state):
         i, _, _, _, done, *_ = state
@@ -111,23 +151,13 @@ def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConf
     def body(state):
         i, cache, logits, pos, done, out_tok, out_lp, lengths, stopped, tail, rng = state
         rng, key = jax.random.split(rng)
-        if sp.temperature == 0.0:
-            scaled = logits
-            tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        else:
-            scaled = logits / sp.temperature
-            filtered = filter_logits(scaled, sp.top_k, sp.top_p)
-            tok = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
-        lp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tok[:, None], axis=-1)[:, 0]
+        tok, lp = sample_tokens(logits, sp, lambda f: jax.random.categorical(key, f, axis=-1))
         live = ~done
         out_tok = out_tok.at[:, i].set(jnp.where(live, tok, sp.pad_id))
         out_lp = out_lp.at[:, i].set(jnp.where(live, lp, 0.0))
         lengths = lengths + live.astype(jnp.int32)
-        tail = jnp.concatenate([tail[:, 1:], tok[:, None]], axis=1)
-        hit_id = jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
-        seq_eq = (tail[:, None, :] == stop_seqs[None]) | ~tail_mask[None]
-        hit_seq = jnp.any(jnp.all(seq_eq, axis=-1) & (stop_lens[None] > 0), axis=-1)
-        hit = live & (hit_id | hit_seq)
+        hit, tail = stops.hit(tok, tail)
+        hit = live & hit
         stopped = stopped | hit
         done = done | hit
         h, cache = forward(params, cfg, tok[:, None], pos[:, None],
@@ -139,7 +169,7 @@ def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConf
     state = (jnp.zeros((), jnp.int32), cache, logits, pos, done0,
              jnp.full((b, n), sp.pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
              jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool),
-             jnp.full((b, max_stop), -2, jnp.int32), rng)
+             stops.empty_tail(b), rng)
     state = jax.lax.while_loop(cond, body, state)
     return state[5], state[6], state[7], state[8], state[1]
 
