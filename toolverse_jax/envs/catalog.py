@@ -23,10 +23,17 @@ PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 CATALOG_DIR = os.path.join(PKG_DIR, "catalog")
 MANIFEST_DIR = os.path.join(PKG_DIR, "manifests")
 REPO_ROOT = os.path.dirname(os.path.dirname(PKG_DIR))
-KINDS = ("builtin", "synthesized", "third_party", "bfcl", "tau2")
+KINDS = ("builtin", "synthesized", "third_party", "bfcl", "tau2", "harvested")
 # What Catalog.default() returns when no kinds are named: BFCL's backends (envs/bfcl.py) are an
-# evaluation benchmark, kept out of DUSA's training catalog unless asked for by name.
+# evaluation benchmark, kept out of DUSA's training catalog unless asked for by name; so are the
+# harvested servers (experiments/harvest_servers.py), which live outside the package.
 DEFAULT_KINDS = ("builtin", "synthesized", "third_party")
+
+
+def harvest_dir() -> str:
+    """Returns the local folder of harvested servers (catalog/*.json entries, manifests/*.json)."""
+    return os.environ.get("TOOLVERSE_HARVEST_DIR",
+                          os.path.join(os.path.expanduser("~"), ".cache", "toolverse", "harvest"))
 
 
 def npm_root() -> str:
@@ -86,11 +93,14 @@ def _check_requires(entry: ServerEntry) -> str | None:
     return None
 
 
-def _entries_from(path: str) -> list[ServerEntry]:
+def _entries_from(path: str, manifest_root: str | None = None) -> list[ServerEntry]:
+    """Entries of a catalog file; `manifest_root` (harvested entries) anchors relative manifests."""
     with open(path) as f:
         raw = json.load(f)
     out = []
     for d in raw:
+        if manifest_root is not None and "manifest" in d:
+            d = dict(d, manifest=os.path.join(manifest_root, d["manifest"]))
         if "manifest_glob" in d:  # one entry per manifest file (synthesized corpus)
             tmpl = {k: v for k, v in d.items() if k != "manifest_glob"}
             for mp in sorted(glob.glob(os.path.join(MANIFEST_DIR, d["manifest_glob"]))):
@@ -136,7 +146,8 @@ class Catalog:
     @classmethod
     def default(cls, kinds: tuple[str, ...] | None = None, include_hidden: bool = False,
                 catalog_dir: str = CATALOG_DIR) -> "Catalog":
-        """Returns the catalog of catalog_dir/*.json: the DEFAULT_KINDS, or only `kinds`."""
+        """Returns the catalog of catalog_dir/*.json (and, when "harvested" is among `kinds`, of
+        harvest_dir()/catalog/*.json): the DEFAULT_KINDS, or only `kinds`."""
         for k in kinds or ():
             if k not in KINDS:
                 raise ValueError(f"unknown server kind {k!r}; kinds are {KINDS}")
@@ -144,6 +155,10 @@ class Catalog:
         for p in sorted(glob.glob(os.path.join(catalog_dir, "*.json"))):
             entries += _entries_from(p)
         wanted = DEFAULT_KINDS if kinds is None else kinds
+        if "harvested" in wanted:
+            root = harvest_dir()
+            for p in sorted(glob.glob(os.path.join(root, "catalog", "*.json"))):
+                entries += _entries_from(p, manifest_root=root)
         return cls([e for e in entries if e.kind in wanted and (include_hidden or not e.hidden)])
 
     @property
