@@ -111,6 +111,18 @@ def test_builtin_seeded_and_reset(local_pool):
     local_pool.close([a, b, c])
 
 
+def test_state_past_the_agent_visible_cap_reads_whole(local_pool):
+    """A state read is a control-plane reply parsed as JSON: it is never cut at the 64 KiB cap
+    on what the agent sees (it used to be, and the JSON parse failed)."""
+    (ep,) = local_pool.reset([EpisodeSpec(("notes",), seed=2)])
+    bodies = [c * 40_000 for c in "xy"]
+    for i, body in enumerate(bodies):
+        _ok(local_pool.step([(ep, "create_note", {"title": f"big {i}", "body": body})])[0])
+    notes = local_pool.read_state(ep)["notes"]["notes"].values()
+    assert sorted(n["body"] for n in notes if n["title"].startswith("big ")) == bodies
+    local_pool.close([ep])
+
+
 def test_in_process_pool_works_under_a_running_event_loop(catalog):
     """Jupyter runs an asyncio loop on the caller's thread; num_workers=0 must still work there."""
     import asyncio

@@ -13,8 +13,9 @@ MAX_CONTENT_CHARS = 64 * 1024
 MCP_MODE = os.environ.get("TOOLVERSE_MCP_MODE", "legacy")
 
 
-def result_text(res) -> str:
-    """Returns the agent-visible text of a CallToolResult, truncated at MAX_CONTENT_CHARS."""
+def result_text(res, limit: int | None = MAX_CONTENT_CHARS) -> str:
+    """Returns the agent-visible text of a CallToolResult, truncated at `limit` characters
+    (None: whole, for control-plane replies such as a state read, which are parsed as JSON)."""
     parts = []
     for c in res.content or []:
         text = getattr(c, "text", None)
@@ -22,7 +23,7 @@ def result_text(res) -> str:
     text = "\n".join(parts)
     if not text and res.structured_content is not None:
         text = json.dumps(res.structured_content)
-    return text if len(text) <= MAX_CONTENT_CHARS else text[:MAX_CONTENT_CHARS] + "\n[truncated]"
+    return text if limit is None or len(text) <= limit else text[:limit] + "\n[truncated]"
 
 
 async def _no_validation(name, result) -> None:

@@ -279,7 +279,8 @@ class WorkerCore:
             if e.stateful and conn is not None and conn.alive() and not ep.failed:
                 res = await asyncio.wait_for(conn.client.call_tool("_tv_state", {}, meta=self._control(eid)),
                                              self.call_timeout_s)
-                out[s] = json.loads(result_text(res))["state"] if not res.is_error else None
+                # whole text: a state past the agent-visible cap must still parse
+                out[s] = json.loads(result_text(res, limit=None))["state"] if not res.is_error else None
             elif s in ep.sandboxes:
                 out[s] = await asyncio.to_thread(sandbox_lib.read_sandbox, ep.sandboxes[s])
             else:
