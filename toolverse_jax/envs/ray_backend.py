@@ -23,12 +23,12 @@ from toolverse_jax.envs.catalog import Catalog
 from toolverse_jax.envs.worker import WorkerCore, dispatch
 
 
-def require_ray():
-    """Returns the `ray` module, or raises naming the extra that installs it."""
+def require_ray(user: str = "EnvPool(backend='ray')"):
+    """Returns the `ray` module, or raises naming `user` and the extra that installs Ray."""
     try:
         import ray
     except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError("EnvPool(backend='ray') needs Ray: pip install -e '.[ray]' "
+        raise ImportError(f"{user} needs Ray: pip install -e '.[ray]' "
                           "(the test extra includes it)") from e
     return ray
 

@@ -21,19 +21,10 @@ import shutil
 import tempfile
 import time
 
+from toolverse_jax.envs.ray_backend import require_ray
 from toolverse_jax.tasks import gust
 
 ACTOR_DEFAULTS = {"num_cpus": 1, "max_restarts": 2, "max_task_retries": 2}
-
-
-def require_ray():
-    """Returns the `ray` module, or raises naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError("generate_gust(backend='ray') needs Ray: pip install -e '.[ray]' "
-                          "(the test extra includes it)") from e
-    return ray
 
 
 class GustGenerator:
@@ -59,7 +50,7 @@ class GustGenerator:
 def generate_on_ray(n: int, s: dict, t0: float, consume) -> float:
     """Runs `gust.feed_chunks` on `n` GustGenerator actors until `consume` says done; returns
     the startup time (until every actor had built its executor and graph)."""
-    ray = require_ray()
+    ray = require_ray("generate_gust(backend='ray')")
     if not ray.is_initialized():
         ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
     options = {**ACTOR_DEFAULTS, **(s.get("ray_options") or {})}
@@ -99,4 +90,4 @@ def generate_on_ray(n: int, s: dict, t0: float, consume) -> float:
             ray.kill(a, no_restart=True)
 
 
-__all__ = ["ACTOR_DEFAULTS", "GustGenerator", "generate_on_ray", "require_ray"]
+__all__ = ["ACTOR_DEFAULTS", "GustGenerator", "generate_on_ray"]
