@@ -58,6 +58,10 @@ def _base(method: str) -> ConfigDict:
     c.rl.tis_cap = 2.0              # truncated importance weight against the sampler
     c.rl.neg_adv_scale = 1.0        # weight of negative advantages in the PPO loss
     c.rl.aggregation = "token_mean"  # "token_mean" | "seq_mean"
+    # Rows whose advantage is 0 on every policy token (groups that all scored alike) skip the
+    # forward/backward; the gradient is rescaled to the full batch's normalizer, so the update
+    # is the same. Applies to ppo_clip without KL or entropy terms (else every row is used).
+    c.rl.skip_no_signal = True
     c.rl.ppo_epochs = 1             # passes over each rollout batch
     c.rl.num_minibatches = 1        # updates per pass (rows shuffled into this many minibatches)
     c.rl.lr = 2e-4

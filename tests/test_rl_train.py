@@ -396,3 +396,45 @@ def test_one_update_per_batch_needs_no_scoring_pass():
         with pytest.raises(ValueError, match="one update per batch"):
             ppo_update(init_train_state(fresh(), opt), _rows(), step, cfg=cfg, mesh=mesh,
                        num_micro=1, pad_id=0, temperature=1.0, score_old=False, epochs=2)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+def test_skipping_rows_without_signal_gives_the_same_update(aggregation):
+    """rl.skip_no_signal: rows whose advantages are all 0 (groups that scored alike) leave the
+    forward/backward, and the rescaled gradient lands on the params of the update over every
+    row: over two steps (momentum, global-norm clipping) and when no row has a signal.
+    Without the rescale the params differ (so the comparison can fail). SGD: Adam's first
+    steps are g/|g| per element, which turns float noise in near-zero gradients into
+    lr-sized differences whatever the batch layout."""
+    import optax
+    from toolverse_jax.rl.trainer import ppo_update
+    from toolverse_jax.sharding import make_mesh, sharding_context
+    cfg = get_preset("tiny")
+    opt = optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(0.5, momentum=0.9))
+    loss = LossConfig(name="ppo_clip", old_from_current=True, aggregation=aggregation)
+    step = make_train_step(cfg, loss, opt)
+    rows = _rows(6)
+    rows = [r._replace(advantages=np.zeros_like(r.advantages)) if i in (1, 3, 4) else r
+            for i, r in enumerate(rows)]
+    silent = [r._replace(advantages=np.zeros_like(r.advantages)) for r in rows]
+    mesh = make_mesh((-1, 1, 1))
+
+    def run(batches, skip, unscaled=False):
+        state = init_train_state(init_params(cfg, jax.random.key(4)), opt)
+        for b in batches:
+            fn = (lambda s, batch, scale=1.0: step(s, batch)) if unscaled else step
+            state, m = ppo_update(state, b, fn, cfg=cfg, mesh=mesh, num_micro=1, pad_id=0,
+                                  temperature=1.0, score_old=False, skip_no_signal=skip,
+                                  aggregation=aggregation)
+        return [np.asarray(x) for x in jax.tree.leaves(state.params)], m
+
+    with sharding_context(mesh):
+        for batches in ([rows, rows[::-1]], [silent, rows]):
+            full, _ = run(batches, False)
+            skipped, m = run(batches, True)
+            for a, b in zip(full, skipped):
+                np.testing.assert_allclose(a, b, atol=1e-6)
+        assert m["ppo/rows_skipped_frac"] == pytest.approx(0.5)
+        unscaled, _ = run([rows, rows[::-1]], True, unscaled=True)
+        full, _ = run([rows, rows[::-1]], False)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(full, unscaled)) > 1e-4

@@ -239,4 +239,7 @@ def _update(state, rows: Sequence[Row], step_fn, pspec: PhaseSpec, spec: RunSpec
                       ref_params=ref_params if program.score_reference else None,
                       epochs=pspec.epochs, num_minibatches=pspec.num_minibatches,
                       rng=np.random.default_rng([pspec.seed, step]), backend=pspec.loss.backend,
-                      score_old=not pspec.loss.old_from_current)
+                      score_old=not pspec.loss.old_from_current,
+                      skip_no_signal=pspec.skip_no_signal and not (
+                          ref_params is not None and program.score_reference),
+                      aggregation=pspec.loss.aggregation)

@@ -110,6 +110,9 @@ class PhaseSpec:
     epochs: int = 1                 # passes over each step's rows (PPO reuse)
     num_minibatches: int = 1
     seed: int = 0                   # the phase's sampling keys, task order, minibatch shuffles
+    # Leave rows without an advantage signal out of the update (rescaled: the same update);
+    # set only where the loss has no KL or entropy term (RunSpec.from_config).
+    skip_no_signal: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +282,10 @@ class RunSpec:
                                       max_grad_norm=r.max_grad_norm),
                        loss(r.loss), epochs=max(int(r.ppo_epochs), 1),
                        num_minibatches=max(int(r.num_minibatches), 1),
-                       seed=int(c.seed) if int(r.seed) < 0 else int(r.seed))
+                       seed=int(c.seed) if int(r.seed) < 0 else int(r.seed),
+                       skip_no_signal=bool(r.skip_no_signal) and r.loss == "ppo_clip"
+                       and r.kl_coef == 0 and r.entropy_coef == 0
+                       and not bool(c.train.get("log_ref_kl", False)))
         t = c.train
         m = c.model
         return cls(

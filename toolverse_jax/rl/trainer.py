@@ -18,7 +18,8 @@ import optax
 
 from toolverse_jax.models import logprobs_of
 from toolverse_jax.models.config import ModelConfig
-from toolverse_jax.rl.batching import global_batch
+from toolverse_jax.rl.batching import global_batch, pad_rows
+from toolverse_jax.sharding.distributed import gather_rows
 from toolverse_jax.rl.losses import get_loss
 from toolverse_jax.rl.types import Row, TrainBatch
 
@@ -94,7 +95,10 @@ def _split_micro(batch: TrainBatch, num_micro: int) -> TrainBatch:
 
 def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
                     optimizer: optax.GradientTransformation, num_micro: int = 1):
-    """Returns the jitted `train_step(state, batch) -> (state, metrics)`."""
+    """Returns the jitted `train_step(state, batch, grad_scale=1.0) -> (state, metrics)`.
+    grad_scale multiplies the gradient (and the reported loss) before clipping and the
+    optimizer: `ppo_update` uses it to keep the loss's normalizer when it leaves out rows that
+    contribute no gradient."""
     loss_fn = get_loss(loss_cfg.name)
 
     def micro_loss(params, mb: TrainBatch):
@@ -102,7 +106,7 @@ def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
         loss, metrics = loss_fn(lp, ent, mb, loss_cfg)
         return loss, metrics
 
-    def step(state: TrainState, batch: TrainBatch):
+    def step(state: TrainState, batch: TrainBatch, grad_scale=1.0):
         micro = _split_micro(batch, num_micro)
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
         # Accumulate in float32 whatever the param dtype (bf16 params give bf16 grads; a bf16
@@ -118,12 +122,12 @@ def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
             return acc, (loss, metrics)
 
         grads, (losses, metrics) = jax.lax.scan(body, zero, (micro, weights))
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        grads = jax.tree.map(lambda g, p: (grad_scale * g).astype(p.dtype), grads, state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         out = {k: jnp.sum(v * weights) if k != "logprob_diff_max" else jnp.max(v)
                for k, v in metrics.items()}
-        out["loss"] = jnp.sum(losses * weights)
+        out["loss"] = grad_scale * jnp.sum(losses * weights)
         out["grad_norm"] = optax.global_norm(grads)
         out["num_tokens"] = jnp.sum(batch.loss_mask)
         return TrainState(state.step + 1, params, opt_state), out
@@ -131,16 +135,41 @@ def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
     return jax.jit(step, donate_argnums=(0,))
 
 
+def _rows_with_signal(rows: Sequence[Row], aggregation: str) -> tuple[list[Row], float]:
+    """Returns (the rows with a non-zero advantage on some policy token, or the first row when
+    none has, and the gradient scale that keeps `aggregation`'s normalizer of all `rows`).
+    Multi-host: the normalizer is summed over every process's rows."""
+    def weight(r: Row) -> float:
+        n = float(np.sum(np.asarray(r.policy_mask[1:], bool)))
+        return n if aggregation == "token_mean" else float(n > 0)
+
+    kept = [r for r in rows if r.has_signal] or list(rows[:1])
+    sums = gather_rows(np.asarray([[sum(map(weight, kept)), sum(map(weight, rows))]],
+                                  np.float64)).sum(axis=0)
+    return kept, float(sums[0] / sums[1]) if sums[1] > 0 else 1.0
+
+
 def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, num_micro: int,
                pad_id: int, temperature: float, ref_params=None, epochs: int = 1,
                num_minibatches: int = 1, rng: np.random.Generator | None = None,
-               backend: str = "auto", score_old: bool = True):
+               backend: str = "auto", score_old: bool = True, skip_no_signal: bool = False,
+               aggregation: str = "token_mean"):
     """Returns (state, metrics) after `epochs` passes over `rows` in `num_minibatches` shuffled
     minibatches (PPO's reuse of one rollout batch). π_old (and the reference, when given) score
     every minibatch once, before the first update, so the clip ratio of later passes is taken
     against the policy that sampled. Metrics are the mean over updates; timings are summed.
     score_old=False (one update per batch, a step built with LossConfig.old_from_current)
-    skips π_old's scoring pass: the update's own forward gives it."""
+    skips π_old's scoring pass: the update's own forward gives it.
+
+    skip_no_signal: rows whose policy tokens all have advantage 0 (a group whose rollouts all
+    scored alike) are left out of the forward and backward passes, and the gradient is scaled
+    by the share of the loss's normalizer they held (`aggregation`: tokens for token_mean,
+    sequences for seq_mean), so the update equals the one over every row. Valid only when the
+    loss has no term besides the advantage-weighted one (no KL or entropy coefficient, no
+    reference scored): the caller checks. At least one row is kept, so the optimizer still
+    steps when none has a signal (Adam's moments then move the params as they would)."""
+    if skip_no_signal and ref_params is not None:
+        raise ValueError("ppo_update: skip_no_signal with a reference (KL) is not exact")
     if not score_old and (epochs > 1 or num_minibatches > 1):
         raise ValueError("ppo_update: score_old=False needs one update per batch "
                          "(epochs=1, num_minibatches=1)")
@@ -151,7 +180,14 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     parts = [[rows[j] for j in order[k::num_minibatches]] for k in range(num_minibatches)]
     t1 = time.time()
     batches = []
+    scales, dropped = [], 0
     for part in parts:
+        scale = 1.0
+        if skip_no_signal:
+            part, scale = _rows_with_signal(part, aggregation)
+            dropped += len(parts[len(scales)]) - len(part)
+            part = pad_rows(part, pad_id, num_micro)
+        scales.append(scale)
         batch = global_batch(part, pad_id, mesh, num_micro)
         old_lp = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
                            backend=backend)[0] if score_old else batch.old_logprobs
@@ -164,7 +200,8 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     updates = 0
     for _ in range(max(int(epochs), 1)):
         for k in rng.permutation(len(batches)):
-            state, m = step_fn(state, batches[k])
+            state, m = (step_fn(state, batches[k], scales[k]) if skip_no_signal
+                        else step_fn(state, batches[k]))
             for name, v in jax.device_get(m).items():
                 v = float(v)
                 sums[name] = (max(sums.get(name, v), v) if name.endswith("_max")
@@ -175,4 +212,6 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
         out.pop("kl", None)  # would be KL to the pre-update policy, not to the reference
     out.update({"time/scoring_s": t2 - t1, "time/update_s": time.time() - t2,
                 "ppo/updates": float(updates)})
+    if skip_no_signal:
+        out["ppo/rows_skipped_frac"] = dropped / max(len(rows), 1)
     return state, out
