@@ -53,6 +53,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.sampling.top_p = 1.0
     c.sampling.top_k = 0
     c.sampling.max_context = 1024
+    c.sampling.engine = "sync"      # rollout engine: "sync" | "continuous" (config.rollout.engine)
+    c.sampling.engine_slots = 0     # continuous: decode slots (0 = one per episode of a batch)
 
     c.env = ConfigDict()
     c.env.num_workers = 1

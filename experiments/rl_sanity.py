@@ -29,6 +29,8 @@ _MULTI = flags.DEFINE_list("multi_turn_estimators", ["grpo", "turn_aware", "trac
 _BANDIT_STEPS = flags.DEFINE_integer("bandit_steps", 20, "RL step budget of the bandit")
 _MULTI_STEPS = flags.DEFINE_integer("multi_turn_steps", 40, "RL step budget of multi-turn")
 _FIRST_SEED = flags.DEFINE_integer("first_seed", 0, "seeds run: first_seed..first_seed+seeds-1")
+_ENGINE = flags.DEFINE_enum("engine", "sync", ["sync", "continuous"],
+                             "rollout engine of the RL runs (RolloutConfig.engine)")
 _STOP_AT = flags.DEFINE_float("stop_at", None, "end each RL run once its windowed sampled "
                               "success reaches this (steps-to is then exact, 'final' is that "
                               "step's); default: run the whole budget")
@@ -151,7 +153,9 @@ def write_report(out: str, report: dict) -> None:
 def main(argv) -> None:
     del argv
     seeds = list(range(_FIRST_SEED.value, _FIRST_SEED.value + _SEEDS.value))
-    overrides = {"stop_at": _STOP_AT.value} if _STOP_AT.value is not None else None
+    overrides = {"engine": _ENGINE.value}
+    if _STOP_AT.value is not None:
+        overrides["stop_at"] = _STOP_AT.value
     report = run(_OUT.value, seeds, _PARTS.value, _BANDIT.value, _MULTI.value,
                  _BANDIT_STEPS.value, _MULTI_STEPS.value, overrides=overrides)
     print(markdown(report))

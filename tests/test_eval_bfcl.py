@@ -301,6 +301,12 @@ def test_gust_heldout_through_the_same_registry(tmp_path):
     train_toolsets = {t.tools for t in split_tasks(load_or_generate_quickstart_tasks(
         num_tasks=64, horizons=(1, 2, 3), seed=0), by="toolset", fractions=(0.85, 0.0, 0.15))["train"]}
     assert not any(t.tools in train_toolsets for t in held)  # held out by tool set
+    c.sampling.engine = "continuous"  # greedy: the same episodes from the continuous engine
+    registry.get("gust")(c, str(tmp_path / "continuous"), False)
+    rows_c = [json.loads(x) for x in (tmp_path / "continuous" / "episodes.jsonl").read_text()
+              .splitlines()]
+    drop = lambda r: {k: v for k, v in r.items() if "time" not in k and not k.endswith("_s")}
+    assert [drop(r) for r in rows_c] == [drop(r) for r in rows]
     with pytest.raises(ValueError, match="runs the sampler"):
         c.policy = "oracle"
         registry.get("gust")(c, str(tmp_path), False)

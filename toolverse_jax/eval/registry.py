@@ -317,7 +317,8 @@ def run_gust(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
     tpl = _chat_template(config.model, tok)
     rcfg = RolloutConfig(max_turns=int(g.max_turns), max_context=int(s.max_context),
                          tool_format=g.tool_format, prompt_tools=g.prompt_tools,
-                         max_observation_chars=int(g.max_observation_chars), chat_template=tpl)
+                         max_observation_chars=int(g.max_observation_chars), chat_template=tpl,
+                         engine=s.get("engine", "sync"), engine_slots=int(s.get("engine_slots", 0)))
     policy = SamplerPolicy(params, cfg, sampling_params(tok, s.max_new_tokens, 0.0, template=tpl))
     kinds = tuple(sorted({Catalog.default(include_hidden=True).entry(sv).kind
                           for t in held for sv in t.servers}))

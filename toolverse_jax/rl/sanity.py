@@ -86,6 +86,7 @@ class SanityConfig:
     clip_eps_high: float = 0.28
     temperature: float = 1.0
     max_new_tokens: int = 24
+    engine: str = "sync"                  # RolloutConfig.engine: "sync" | "continuous"
     num_workers: int = 1                  # env pool worker processes (0 = in-process servers)
     # reporting
     thresholds: tuple = (0.8, 0.9)
@@ -113,11 +114,13 @@ class WarmStart(NamedTuple):
     seconds: float
 
 
-def rollout_config(kind: str) -> RolloutConfig:
+def rollout_config(kind: str, engine: str = "sync") -> RolloutConfig:
     """Returns the rollout settings of a task kind: exactly the gold chain's turns (calls, then
-    the answer), so a rollout that strays ends unanswered and the sampler sees few shapes."""
+    the answer), so a rollout that strays ends unanswered and the sampler sees few shapes;
+    `engine` is the rollout engine (RolloutConfig.engine)."""
     return RolloutConfig(max_turns=2 + len(FOLLOW_UPS[kind]), max_context=512,
-                         tool_format="minimal", prompt_tools="all", max_observation_chars=200)
+                         tool_format="minimal", prompt_tools="all", max_observation_chars=200,
+                         engine=engine)
 
 
 def instruction(kind: str, color: str, style: str = "task") -> str:
@@ -239,7 +242,7 @@ def warm_start(scfg: SanityConfig, pool: EnvPool) -> WarmStart:
     """Returns the SFT warm start: tokenizer trained on the demonstrations, the tiny preset
     (vocab = the tokenizer's), `sft_steps` SFT updates over shuffled demonstration batches."""
     t0 = time.time()
-    rcfg = rollout_config(scfg.kind)
+    rcfg = rollout_config(scfg.kind, scfg.engine)
     demos = demo_tasks(pool, scfg.kind, scfg.num_demos, scfg.seed, scfg.follow_fraction)
     (ep,) = pool.reset([demos[0].spec])
     tools = ep.tools
@@ -304,7 +307,7 @@ def rl_step(scfg: SanityConfig, warm: WarmStart, state, step_fn, tasks: list[Tas
     """Returns (state, metrics, trajectories) after one RL step on `tasks`: rollouts of the
     current policy, advantages of the configured estimator (negated when flip_sign), one
     `ppo_update` — the RL branch of rl.driver."""
-    rcfg, tok, cfg = rollout_config(scfg.kind), warm.tokenizer, warm.cfg
+    rcfg, tok, cfg = rollout_config(scfg.kind, scfg.engine), warm.tokenizer, warm.cfg
     t0 = time.time()
     policy = SamplerPolicy(state.params, cfg, sampling_params(scfg, tok))
     key = jax.random.fold_in(jax.random.key(scfg.seed), step)
