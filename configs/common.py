@@ -78,6 +78,7 @@ def _base(method: str) -> ConfigDict:
     c.train.num_micro = 1           # gradient accumulation micro-batches per step
     c.train.eval_every = 20         # RL steps between held-out evals (0 = never)
     c.train.sft_eval_every = 0      # SFT steps between held-out evals (0 = only at SFT's end)
+    c.train.eval_at_start = True    # also evaluate the initial params (step 0 of the curve)
     c.train.checkpoint_every = 10
     c.train.keep_checkpoints = 2
     c.train.progress = True

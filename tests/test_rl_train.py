@@ -142,8 +142,9 @@ def test_probe_tasks_are_one_fixed_set_sampled_at_every_eval(tmp_path):
                             "train.probe_tasks": 8, "rl.steps": 1}), wd)
     recs = [r for r in map(json.loads, open(os.path.join(wd, "metrics.jsonl")))
             if "probe/success_rate" in r]
-    # step 0 (init), the SFT end (2) and the RL step (3); capped at eval_tasks = 3 tasks.
-    assert [r["step"] for r in recs] == [0, 2, 3]
+    # The SFT end (2) and the RL step (3), not step 0 (the quickstart's train.eval_at_start is
+    # False: a random init scores 0); capped at eval_tasks = 3 tasks.
+    assert [r["step"] for r in recs] == [2, 3]
     assert all(0.0 <= r["probe/success_rate"] <= 1.0 and r["probe/time_s"] > 0 for r in recs)
     assert all(abs(r["probe/policy_tokens"]) > 0 for r in recs)
 

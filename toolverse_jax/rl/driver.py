@@ -171,7 +171,7 @@ def run(spec: RunSpec, workdir: str) -> dict:
             from tqdm import tqdm
             pbar = tqdm(total=sched.total, initial=start, desc=spec.method, dynamic_ncols=True)
         with program.env_pool() as pool:
-            if start == 0 and sched.eval_every > 0:
+            if start == 0 and sched.eval_every > 0 and sched.eval_at_start:
                 m0 = program.evaluate(state.params, pool, 0)
                 if lead:
                     log.write(0, {**m0, "phase": "init"})

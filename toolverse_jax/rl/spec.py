@@ -127,6 +127,7 @@ class Schedule:
     sft_eval_every: int             # SFT steps between evals; 0 = only at the SFT end
     checkpoint_every: int
     keep_checkpoints: int
+    eval_at_start: bool = True      # evaluate the initial params (step 0) too
 
     @property
     def total(self) -> int:
@@ -298,7 +299,8 @@ class RunSpec:
                         c.env.isolation, int(c.env.server_mem_mb)),
             sft=sft, rl=rl,
             schedule=Schedule(sft.steps, rl.steps, int(t.eval_every), int(t.sft_eval_every),
-                              int(t.checkpoint_every), int(t.keep_checkpoints)),
+                              int(t.checkpoint_every), int(t.keep_checkpoints),
+                              bool(t.eval_at_start)),
             num_micro=int(t.num_micro), progress=bool(t.progress),
             distributed=dict(c.distributed) if "distributed" in c else None,
             tool_use=_tool_use(c) if c.method == "toolverse" else None,
