@@ -158,7 +158,8 @@ def headline(rec: dict) -> tuple[str, str, str]:
         return (f"continuous batching: {_fmt(tps['continuous'])} tok/s at horizon "
                 f"{r['horizon']} ({r['model']}), greedy equal {r['greedy_equal']}",
                 f"turn loop, KV kept: {_fmt(tps['kv'])} tok/s; re-prefill: "
-                f"{_fmt(tps['reprefill'])} tok/s", _fmt(r["speedup_vs_sync"]))
+                f"{_fmt(tps['reprefill'])} tok/s (KV loop vs re-prefill: "
+                f"{_fmt(r.get('kv_speedup_vs_reprefill'))}x)", _fmt(r["speedup_vs_sync"]))
     if name == "multihost":
         s, m = r["single_process"], r["two_processes"]
         return (f"2 processes (gloo): {_fmt(m['step_s'])} s/step, {_fmt(m['tokens_per_s'])} tok/s; "
