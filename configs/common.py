@@ -131,6 +131,9 @@ def tool_use() -> ConfigDict:
     c.rollout.max_observation_chars = 200
     c.rollout.max_invalid_streak = 0  # end a rollout after N turns of only invalid calls (0 = off)
     c.rollout.max_episode_s = 0.0   # end rollouts whose episode ran this long (0 = off)
+    # Success needs a final answer for every verifier kind; False lets "state" tasks pass on
+    # the env state even when the rollout rambled until max_new_tokens (RL then rewards that).
+    c.rollout.require_answer = True
     # "sync": every turn of the batch in lockstep (KV kept across turns); "continuous": episodes
     # decode in slots that progress independently, env calls overlapped with decoding
     # (rl/engine.py). engine_slots: decode slots (0 = one per rollout of the step);

@@ -107,6 +107,26 @@ def test_truncated_turn_ends_rollout_and_state_tasks_read_final_state(tasks):
     assert [t.kind for t in cut.turns] == ["truncated"] and cut.token_turn[-1] == 0
 
 
+def test_state_task_needs_an_answer_unless_require_answer_is_off(tasks):
+    """The right calls, then an answer turn cut at max_new_tokens: the env state passes the
+    verifier, but the rollout never answered, so it is a failure (rollout.require_answer);
+    with require_answer=False the state alone decides (the older behaviour)."""
+    task = next(t for t in tasks if len(t.stages) == 1 and t.verifier["kind"] == "state")
+    rambling = _gold_script(task, "done")[:-1] + ["<answer>--9--9-"]
+    out = {}
+    for require in (True, False):
+        policy = ScriptedPolicy([_gold_script(task, "done"), rambling])
+        with EnvPool(Catalog.default(kinds=("builtin",)), num_workers=0) as pool:
+            out[require] = run_rollouts(policy, [task], 2, pool, TOK,
+                                        RolloutConfig(max_context=8192, require_answer=require),
+                                        rng=jax.random.key(0))
+    for require, (ok, cut) in out.items():
+        assert ok.success and ok.finished
+        assert cut.end_reason == "max_new_tokens" and not cut.finished
+        assert [t.kind for t in cut.turns] == ["calls", "truncated"]
+        assert cut.success is (not require)
+
+
 def _traj(group, reward, kinds, gold=None, failed=False):
     """A hand-made trajectory: a 2-token prompt, then per turn 2 policy tokens and 1 env token."""
     from toolverse_jax.rl.rollout import Trajectory, Turn

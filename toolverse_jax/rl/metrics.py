@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -35,7 +36,7 @@ class MetricsLog:
         self.tb = SummaryWriter(os.path.join(workdir, "tb"))
 
     def write(self, step: int, metrics: dict) -> None:
-        rec = {"step": int(step)}
+        rec = {"step": int(step), "unix_time": round(time.time(), 3)}  # not a TB scalar
         for k, v in metrics.items():
             v = float(v) if isinstance(v, (np.floating, np.integer, jax.Array, float, int)) else v
             rec[k] = v

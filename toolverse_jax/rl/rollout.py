@@ -81,6 +81,11 @@ class RolloutConfig:
     # many seconds ("wall_time"; checked between turns).
     max_invalid_streak: int = 0
     max_episode_s: float = 0.0
+    # Success needs the rollout to end with an answer (not cut at max_new_tokens, max_turns
+    # or max_context) for every verifier kind. False: a "state" task passes on the final env
+    # state alone, so a rollout that made the right calls and then rambled until the token cap
+    # counts as solved (and RL pushes its rambling up).
+    require_answer: bool = True
     # The checkpoint's chat template (models.template.chat_template_for(tokenizer)); None
     # renders chat.py's Qwen3 format (tokenizers without a template: byte, trained BPE).
     chat_template: Any = None
@@ -389,12 +394,13 @@ def _continue(tr: Trajectory, responses: list[str], invalid_streak: list[int], i
 
 def _score(tr: Trajectory, ep: Episode, task: Task, pool: EnvPool, cfg: RolloutConfig) -> None:
     """Sets the finished rollout's success (the task's verifier on its answer or the final
-    env state) and shaped reward; an episode the pool marked failed is an infra failure."""
+    env state; with cfg.require_answer only for a rollout that ended with an answer) and shaped
+    reward; an episode the pool marked failed is an infra failure."""
     if pool.is_failed(ep):
         tr.infra_failed = True
     if tr.infra_failed:
         return
     state = pool.read_state(ep) if task.needs_state else None
     tr.success = bool(task.check(tr.final_answer, state)) if (
-        tr.finished or task.verifier["kind"] == "state") else False
+        tr.finished or (task.verifier["kind"] == "state" and not cfg.require_answer)) else False
     tr.reward = shaped_reward(tr, cfg)

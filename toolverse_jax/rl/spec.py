@@ -319,7 +319,8 @@ def _tool_use(c: ConfigDict) -> ToolUseSpec:
                             ok_call_bonus=r.ok_call_bonus, gold_turn_bonus=r.gold_turn_bonus,
                             arg_match_bonus=r.arg_match_bonus,
                             max_invalid_streak=int(ro.max_invalid_streak),
-                            max_episode_s=float(ro.max_episode_s), engine=str(ro.engine),
+                            max_episode_s=float(ro.max_episode_s),
+                            require_answer=bool(ro.require_answer), engine=str(ro.engine),
                             engine_slots=int(ro.engine_slots),
                             engine_chunk=int(ro.engine_chunk),
                             engine_resume_lag=int(ro.engine_resume_lag))
