@@ -184,9 +184,10 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     for part in parts:
         scale = 1.0
         if skip_no_signal:
-            part, scale = _rows_with_signal(part, aggregation)
-            dropped += len(parts[len(scales)]) - len(part)
-            part = pad_rows(part, pad_id, num_micro)
+            kept, scale = _rows_with_signal(part, aggregation)
+            dropped += len(part) - len(kept)
+            # Row counts vary step to step: pad to a power of two (few compiled shapes).
+            part = pad_rows(kept, pad_id, num_micro)
         scales.append(scale)
         batch = global_batch(part, pad_id, mesh, num_micro)
         old_lp = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
