@@ -108,7 +108,8 @@ def _train_cmd(workdir):
             "--config.tasks.num_tasks=40", "--config.sft.steps=2", "--config.sft.batch_size=4",
             "--config.rl.steps=1", "--config.rl.tasks_per_step=2", "--config.rl.group_size=2",
             "--config.rollout.max_new_tokens=12", "--config.train.eval_tasks=2",
-            "--config.train.eval_every=1", "--config.train.progress=False"]
+            "--config.train.eval_every=1", "--config.train.eval_at_start=True",
+            "--config.train.progress=False"]
 
 
 def _records(workdir):
