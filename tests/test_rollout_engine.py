@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.rollout import episode_plan, run_episodes
 from toolverse_jax.envs import Catalog, EnvPool
-from toolverse_jax.models import ByteTokenizer, get_preset, init_params, logprobs_of
+from toolverse_jax.models import ByteTokenizer, get_preset, init_params
 from toolverse_jax.rl.batching import demonstration_row, pack_rows
 from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, gold_demonstration,
                                       prompt_tool_specs, run_rollouts)
@@ -17,6 +17,7 @@ from toolverse_jax.rl.trainer import LossConfig, init_train_state, make_optimize
 from toolverse_jax.sampling import KVSession, SamplingParams
 from toolverse_jax.sampling.engine import ContinuousEngine, EngineConfig
 from toolverse_jax.tasks import load_or_generate_quickstart_tasks
+from tests.scoring import context_logprobs
 
 TOK = ByteTokenizer()
 END = "<|im_end|>"
@@ -152,9 +153,7 @@ def test_sampled_logprobs_match_trainer_and_runs_are_deterministic(tiny):
     assert runs[0].outs == runs[2].outs
     agent = runs[0]
     for i, ctx in enumerate(agent.ctx):
-        toks = np.asarray(ctx, np.int32)[None]
-        lp, _ = logprobs_of(params, cfg, toks[:, :-1], toks[:, 1:])
-        lp = np.asarray(lp)[0]
+        lp = context_logprobs(params, cfg, ctx)
         for start, got in agent.logprobs[i]:
             np.testing.assert_allclose(lp[start - 1:start - 1 + len(got)], got, atol=1e-5)
 
@@ -193,10 +192,9 @@ def _equal_to_turn_loop(warm, tasks, pool, rcfg, max_new=96, group_size=2):
         np.testing.assert_allclose(a.sample_logprobs, b.sample_logprobs, atol=1e-5)
     # The sampled log-probs are the trainer's scoring of the whole trajectory.
     for tr in out["continuous"]:
-        toks = np.asarray(tr.tokens, np.int32)[None]
-        lp, _ = logprobs_of(params, cfg, toks[:, :-1], toks[:, 1:])
+        lp = context_logprobs(params, cfg, tr.tokens)
         mask = np.asarray(tr.policy_mask[1:])
-        np.testing.assert_allclose(np.asarray(lp)[0][mask],
+        np.testing.assert_allclose(lp[mask],
                                    np.asarray(tr.sample_logprobs[1:])[mask], atol=1e-5)
     return out["continuous"]
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from benchmarks.rollout import episode_plan, run_episodes
-from toolverse_jax.models import get_preset, init_params, logprobs_of
+from toolverse_jax.models import get_preset, init_params
 from toolverse_jax.sampling import KVSession, SamplingParams, generate
+from tests.scoring import context_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +45,8 @@ def test_sampled_logprobs_match_reprefill_and_unrelated_prompts_start_a_new_sess
             n = int(out.lengths[r])
             ctx[r] = ctx[r] + out.tokens[r, :n].tolist()
             # The sampled tokens' log-probs equal the trainer's scoring of the whole context.
-            toks = np.asarray(ctx[r], np.int32)[None]
-            lp, _ = logprobs_of(params, cfg, toks[:, :-1], toks[:, 1:])
-            np.testing.assert_allclose(np.asarray(lp)[0, -n:], out.logprobs[r, :n], atol=1e-5)
+            lp = context_logprobs(params, cfg, ctx[r])
+            np.testing.assert_allclose(lp[-n:], out.logprobs[r, :n], atol=1e-5)
             ctx[r] = ctx[r] + rng.integers(3, cfg.vocab_size, 9).tolist()
     assert session.stats["sessions"] == 1
     session.generate([rng.integers(3, cfg.vocab_size, 15).tolist()], jax.random.key(9))
