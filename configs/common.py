@@ -111,6 +111,10 @@ def tool_use() -> ConfigDict:
     c.tasks.instruction_level = "recipe"
     c.tasks.whole_chain = config_dict.placeholder(bool)  # None: level != "recipe"
     c.tasks.max_literal_chars = 0   # > 0: keep tasks whose gold literals are at most this long
+    # Each SFT demonstration rendered with fresh literals: the values the instruction states
+    # are replaced everywhere in the demonstration by new ones of the same shape
+    # (tasks/augment.py), so SFT teaches copying them instead of memorizing them.
+    c.tasks.sft_fresh_literals = False
     c.tasks.search_kinds = ()       # source == "search": question templates (() = all)
     c.tasks.corpus_dir = ""         # source == "search": a BrowseComp-Plus dir ("" = synthetic)
 

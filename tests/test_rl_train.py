@@ -138,8 +138,10 @@ def test_inspect_rollouts_on_a_run_split(full_run):
 def test_probe_tasks_are_one_fixed_set_sampled_at_every_eval(tmp_path):
     from toolverse_jax.rl.driver import run_training
     wd = str(tmp_path / "probe")
+    # (Also runs the SFT phase with fresh literals per demonstration: tasks/augment.py.)
     run_training(_config(**{"train.eval_every": 1, "train.eval_tasks": 3,
-                            "train.probe_tasks": 8, "rl.steps": 1}), wd)
+                            "train.probe_tasks": 8, "rl.steps": 1,
+                            "tasks.sft_fresh_literals": True}), wd)
     recs = [r for r in map(json.loads, open(os.path.join(wd, "metrics.jsonl")))
             if "probe/success_rate" in r]
     # The SFT end (2) and the RL step (3), not step 0 (the quickstart's train.eval_at_start is

@@ -164,6 +164,7 @@ class TaskSpec:
     unseen_demos: int = 0
     instruction_level: str = "recipe"
     whole_chain: bool | None = None
+    sft_fresh_literals: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +331,8 @@ def _tool_use(c: ConfigDict) -> ToolUseSpec:
                        int(t.gen_seed), float(t.sft_fraction), int(t.max_literal_chars or 0),
                        tuple(t.search_kinds or ()), t.corpus_dir, tuple(t.sft_servers or ()),
                        int(t.unseen_demos), str(t.instruction_level),
-                       None if t.whole_chain is None else bool(t.whole_chain)),
+                       None if t.whole_chain is None else bool(t.whole_chain),
+                       bool(t.sft_fresh_literals)),
         rollout=rollout, max_new_tokens=int(ro.max_new_tokens),
         temperature=float(ro.temperature), top_p=float(ro.top_p), top_k=int(ro.top_k),
         sft_batch_size=int(c.sft.batch_size), tasks_per_step=int(r.tasks_per_step),

@@ -42,6 +42,7 @@ from toolverse_jax.rl.types import Row
 from toolverse_jax.sharding import distributed, make_mesh, sharding_context
 from toolverse_jax.sharding.distributed import barrier, gather_rows, local_params, process_slice
 from toolverse_jax.tasks import Task, load_or_generate_quickstart_tasks, read_tasks, split_tasks
+from toolverse_jax.tasks.augment import swap_literals
 
 
 def build_tokenizer(model: ModelSpec, rcfg: RolloutConfig, train_tasks: list[Task],
@@ -225,6 +226,8 @@ class _SFTPhase:
         for i, task in process_slice([(i, self.ds[start + i]) for i in range(n)]):
             tools = prompt_tool_specs(task, p.tools(task), p.rcfg,
                                       np.random.default_rng([p.seed, start + i]))
+            if p.tu.tasks.sft_fresh_literals:
+                task = swap_literals(task, np.random.default_rng([p.seed, start + i, 1]))
             toks, mask, _ = gold_demonstration(task, tools, p.tokenizer, p.rcfg)
             if len(toks) <= p.rcfg.max_context:
                 rows.append(demonstration_row(toks, mask))
