@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from toolverse_jax.models import logprobs_of
+from toolverse_jax.models import logits, logprobs_of
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,3 +26,16 @@ def context_logprobs(params, cfg, ids, width: int = 0) -> np.ndarray:
     row = np.zeros((1, width + 1), np.int32)
     row[0, :n] = ids
     return np.asarray(_scorer(cfg, width)(params, jnp.asarray(row)))[0, :n - 1]
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(cfg, width: int):
+    return jax.jit(lambda params, toks: logits(params, cfg, toks))
+
+
+def last_logits(params, cfg, ids, width: int = 32) -> np.ndarray:
+    """Returns the logits after the last of `ids` (a full forward at a padded width)."""
+    assert len(ids) <= width
+    row = np.zeros((1, width), np.int32)
+    row[0, :len(ids)] = ids
+    return np.asarray(_forward(cfg, width)(params, jnp.asarray(row)))[0, len(ids) - 1]

@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from toolverse_jax.models import get_preset, init_params, logits
+from toolverse_jax.models import get_preset, init_params
 from toolverse_jax.sampling import SamplingParams, bucket_length, generate, pad_prompts
 from toolverse_jax.sampling.sampler import filter_logits
+from tests.scoring import last_logits
 
 
 @pytest.fixture(scope="module")
@@ -16,26 +17,12 @@ def model():
     return cfg, init_params(cfg, jax.random.key(0))
 
 
-_FORWARDS = {}
-
-
-def _full_forward(cfg):
-    if cfg not in _FORWARDS:
-        _FORWARDS[cfg] = jax.jit(lambda p, t: logits(p, cfg, t))
-    return _FORWARDS[cfg]
-
-
 def _argmax_reference(params, cfg, prompt, n, width=32):
-    """Greedy decoding by full forwards: one jitted [1, width] forward (right padding cannot
-    change a causal model's logits at the last real position), so it compiles once."""
-    assert len(prompt) + n <= width
-    fwd = _full_forward(cfg)
+    """Greedy decoding by full forwards (one jitted fixed-width forward: tests/scoring.py)."""
     seq = list(prompt)
     out, lps = [], []
     for _ in range(n):
-        row = np.zeros((1, width), np.int32)
-        row[0, :len(seq)] = seq
-        lg = np.asarray(fwd(params, jnp.asarray(row)))[0, len(seq) - 1].astype(np.float64)
+        lg = last_logits(params, cfg, seq, width).astype(np.float64)
         tok = int(np.argmax(lg))
         lse = np.log(np.sum(np.exp(lg - lg.max()))) + lg.max()
         out.append(tok)
@@ -82,11 +69,9 @@ def test_sampling_is_seeded_and_respects_top_k(model):
     a = generate(params, cfg, [[1, 2, 3]] * 4, sp, jax.random.key(7))
     b = generate(params, cfg, [[1, 2, 3]] * 4, sp, jax.random.key(7))
     np.testing.assert_array_equal(a.tokens, b.tokens)
-    seq, fwd = [1, 2, 3], _full_forward(cfg)
+    seq = [1, 2, 3]
     for t in a.tokens[0]:
-        row = np.zeros((1, 32), np.int32)
-        row[0, :len(seq)] = seq
-        lg = np.asarray(fwd(params, jnp.asarray(row)))[0, len(seq) - 1]
+        lg = last_logits(params, cfg, seq)
         assert int(t) in np.argsort(lg)[-3:]
         seq.append(int(t))
 

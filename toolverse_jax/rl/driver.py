@@ -240,6 +240,5 @@ def _update(state, rows: Sequence[Row], step_fn, pspec: PhaseSpec, spec: RunSpec
                       epochs=pspec.epochs, num_minibatches=pspec.num_minibatches,
                       rng=np.random.default_rng([pspec.seed, step]), backend=pspec.loss.backend,
                       score_old=not pspec.loss.old_from_current,
-                      skip_no_signal=pspec.skip_no_signal and not (
-                          ref_params is not None and program.score_reference),
+                      skip_no_signal=pspec.skip_no_signal,
                       aggregation=pspec.loss.aggregation)

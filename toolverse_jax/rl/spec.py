@@ -111,7 +111,8 @@ class PhaseSpec:
     num_minibatches: int = 1
     seed: int = 0                   # the phase's sampling keys, task order, minibatch shuffles
     # Leave rows without an advantage signal out of the update (rescaled: the same update);
-    # set only where the loss has no KL or entropy term (RunSpec.from_config).
+    # set only where the loss has no KL or entropy term and no reference is scored
+    # (RunSpec.from_config).
     skip_no_signal: bool = False
 
 
