@@ -227,6 +227,17 @@ def test_sampler_agent_token_in_token_out(pool):
     assert d.scratch["tokens"][:len(first)] == first  # appended to, never re-tokenized
     assert d.verdict["valid"] is False and d.verdict["error_type"]
     assert d.end_reason in ("finished", "max_context")
+    # the KV kept across steps: later steps prefill only what was appended, with the same greedy
+    # transcript as re-prefilling every context from token 0
+    # (a context that fits the entry's four user turns)
+    kv, plain = (SamplerAgent(params, cfg, tok, sampling_params(tok, 6), tool_format="minimal",
+                              max_context=4000, kv_session=on) for on in (True, False))
+    (d_kv,), (d_plain,) = bfcl.run_dialogs(kv, entry, pool), bfcl.run_dialogs(plain, entry, pool)
+    assert [m["role"] for m in d_kv.messages].count("assistant") >= 3
+    assert kv._session.stats["reused_tokens"] > 0 and kv._session.stats["sessions"] == 1
+    assert d_plain.scratch["tokens"] == d_kv.scratch["tokens"]
+    assert [m["content"] for m in d_plain.messages] == [m["content"] for m in d_kv.messages]
+    assert d_plain.verdict == d_kv.verdict
     # a context too small for the first prompt stops the dialog; BFCL scores it force-terminated
     small = SamplerAgent(params, cfg, tok, sampling_params(tok, 6), tool_format="minimal", max_context=64)
     (d2,) = bfcl.run_dialogs(small, entry, pool)

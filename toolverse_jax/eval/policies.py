@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from toolverse_jax.models import get_preset, init_params, load_hf_checkpoint, load_tokenizer
 from toolverse_jax.models.chat import IM_END, render_prompt, render_tool_responses, render_user_turn
 from toolverse_jax.models.config import ModelConfig
-from toolverse_jax.sampling import SamplingParams, bucket_length, generate
+from toolverse_jax.sampling import KVSession, SamplingParams, bucket_length, generate
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,11 @@ class SamplerAgent:
     """Multi-turn policy over `Dialog`s (eval/bfcl.py) backed by the jitted sampler.
 
     A dialog whose next step would not fit `max_context` is stopped ("max_context"), which BFCL
-    scores as force-terminated.
+    scores as force-terminated. Dialogs only grow (token in / token out), so with `kv_session`
+    (the default) each step prefills only what was appended since the dialog's last step (the
+    tool responses or the next user turn) on a `sampling.KVSession`; a step whose dialogs are
+    not the previous step's (a new batch) starts a new session. Off: every step re-prefills each
+    context from token 0 (`sampling.generate`). Greedy outputs are the same either way.
     """
 
     params: Any
@@ -130,9 +134,12 @@ class SamplerAgent:
     seed: int = 0
     name: str = "sampler"
     chat_template: Any = None   # models.template.ChatTemplate; None = chat.py's Qwen3 format
+    kv_session: bool = True
 
     def __post_init__(self):
         self._rng = jax.random.key(self.seed)
+        self._session = (KVSession(self.params, self.cfg, self.sampling) if self.kv_session
+                         else None)
         self._im_end = self.tokenizer.encode(
             IM_END if self.chat_template is None else self.chat_template.end_token)
 
@@ -169,8 +176,9 @@ class SamplerAgent:
         if not rows:
             return out
         self._rng, key = jax.random.split(self._rng)
-        sample = generate(self.params, self.cfg, [dialogs[j].scratch["tokens"] for j in rows],
-                          self.sampling, key)
+        prompts = [dialogs[j].scratch["tokens"] for j in rows]
+        sample = (self._session.generate(prompts, key) if self._session is not None else
+                  generate(self.params, self.cfg, prompts, self.sampling, key))
         for r, j in enumerate(rows):
             n = int(sample.lengths[r])
             ids = [int(t) for t in sample.tokens[r, :n]]

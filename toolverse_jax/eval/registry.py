@@ -108,7 +108,7 @@ def run_bfcl(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
         policy = SamplerAgent(params, cfg, tok, sampling_params(tok, s.max_new_tokens, s.temperature,
                                                                  s.top_p, s.top_k, tpl),
                               tool_format=b.tool_format, max_context=s.max_context, seed=config.seed,
-                              chat_template=tpl)
+                              chat_template=tpl, kv_session=bool(s.get("kv_session", True)))
     else:
         raise ValueError(f"config.policy={config.policy!r}; use 'sampler' or 'oracle'")
     t0 = time.time()
@@ -194,7 +194,7 @@ def run_tau2(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
         agent = SamplerAgent(params, cfg, tok, sampling_params(tok, s.max_new_tokens, s.temperature,
                                                                s.top_p, s.top_k, tpl),
                              tool_format=t.tool_format, max_context=s.max_context, seed=config.seed,
-                             chat_template=tpl)
+                             chat_template=tpl, kv_session=bool(s.get("kv_session", True)))
         u = t.user
         if solo:
             user, user_what = None, "none (τ² solo mode: DummyUser)"
@@ -208,7 +208,7 @@ def run_tau2(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
             user = SamplerAgent(uparams, ucfg, utok, sampling_params(utok, u.max_new_tokens, u.temperature,
                                                                      1.0, 0, utpl),
                                 tool_format=t.tool_format, max_context=u.max_context, seed=config.seed + 1,
-                                chat_template=utpl)
+                                chat_template=utpl, kv_session=bool(s.get("kv_session", True)))
     else:
         raise ValueError(f"config.policy={config.policy!r}; use 'sampler' or 'oracle'")
     t0 = time.time()
