@@ -1,7 +1,7 @@
 """CPU quickstart: tiny Qwen3-style model, trained BPE tokenizer, built-in MCP servers, minutes.
 
 SFT warm-start on DUSA gold chains of 15% of the train tasks, then GRPO over live multi-turn
-rollouts on the other 85% (verifier reward only), with held-out GUST evaluation. `python -m experiments.train --config configs/quickstart.py --workdir /tmp/qs`
+rollouts on the other 85% (verifier reward plus gold-turn and argument-match shaping), with held-out GUST evaluation. `python -m experiments.train --config configs/quickstart.py --workdir /tmp/qs`
 Every knob and its default: configs/common.py (`tool_use()`); what the quickstart sets is below.
 """
 
@@ -33,6 +33,12 @@ def get_config() -> ConfigDict:
     c.rl.arg_match_bonus = 0.5      # + bonus x fraction of gold argument values reproduced
     c.rl.lr = 1e-3
     c.rl.neg_adv_scale = 0.2        # failed samples share the call syntax of the successes
+    # Exploration: the warm start is sharp (SFT loss 0.02, rollout entropy ~0.1), so most groups
+    # of 8 score alike. T=1.3 spreads the literal choices; top-p 0.95 keeps the call syntax
+    # (plain T=1.3 broke it: 74% invalid calls). Three runs: +12.2 +- 0.5 held-out points vs
+    # +9.4 +- 1.4 at T=1, truncation not growing (docs/results/rl_scarce_sweep.md).
+    c.rollout.temperature = 1.3
+    c.rollout.top_p = 0.95
 
     c.train.eval_every = 20
     c.train.eval_at_start = False   # the random init scores 0% (every turn truncated): ~15 s saved

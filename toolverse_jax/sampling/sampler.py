@@ -64,19 +64,37 @@ def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 256) -> int:
     return -(-n // linear_above) * linear_above
 
 
-def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
-    """Returns logits [batch, vocab] with tokens outside top-k / nucleus top-p set to -inf."""
+def _nucleus_cutoff(sorted_desc: jax.Array, log_norm: jax.Array, top_p: float) -> tuple[
+        jax.Array, jax.Array]:
+    """Returns (cutoff [batch, 1]: the lowest logit of the smallest prefix of `sorted_desc`
+    whose probability mass reaches top_p, whether that prefix lies within the given columns)."""
+    probs = jnp.exp(sorted_desc - log_norm)
+    cum = jnp.cumsum(probs, axis=-1)
+    keep = (cum - probs) < top_p             # always keeps the best token
+    cutoff = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    return cutoff, cum[:, -1:] >= top_p
+
+
+def filter_logits(logits: jax.Array, top_k: int, top_p: float,
+                  nucleus_candidates: int = 64) -> jax.Array:
+    """Returns logits [batch, vocab] with tokens outside top-k / nucleus top-p set to -inf.
+
+    The nucleus is found among the `nucleus_candidates` largest logits (a partial top-k, much
+    cheaper than sorting the vocabulary every decode step); only when some row's nucleus is
+    wider than that is the whole vocabulary sorted. Either way the kept set is the exact
+    nucleus."""
     neg = jnp.finfo(logits.dtype).min
     if top_k > 0:
         kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth, neg, logits)
     if top_p < 1.0:
-        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        cum = jnp.cumsum(probs, axis=-1)
-        # Keep the smallest prefix whose mass reaches top_p (always keep the best token).
-        keep = (cum - probs) < top_p
-        cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        log_norm = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        k = min(int(nucleus_candidates), logits.shape[-1])
+        cutoff, inside = _nucleus_cutoff(jax.lax.top_k(logits, k)[0], log_norm, top_p)
+        if k < logits.shape[-1]:
+            cutoff = jax.lax.cond(
+                jnp.all(inside), lambda: cutoff,
+                lambda: _nucleus_cutoff(jnp.sort(logits, axis=-1)[:, ::-1], log_norm, top_p)[0])
         logits = jnp.where(logits < cutoff, neg, logits)
     return logits
 
