@@ -85,13 +85,16 @@ def test_filter_top_p_keeps_smallest_prefix():
     assert kept.tolist() == [[True, False, False, False]]
 
 
-def test_filter_top_p_partial_candidates_equal_full_sort():
-    # the nucleus found among the top candidates (and the full sort when a row's nucleus is
-    # wider) keeps exactly the set a sort of the whole vocabulary keeps
+def test_filter_top_p_bisection_equals_full_sort():
+    # the nucleus found by bisection on the cutoff keeps exactly the set a sort of the whole
+    # vocabulary keeps: sharp rows (small nuclei), flat rows (nuclei of nearly every token),
+    # ties at the cutoff, and a row whose top token alone reaches top_p
     rng = np.random.default_rng(0)
     sharp = rng.normal(size=(5, 300)) * 6.0      # small nuclei: the candidates suffice
     flat = rng.normal(size=(3, 300)) * 0.1       # nuclei of ~all tokens: the fallback sort
-    for lg in (sharp, flat, np.concatenate([sharp, flat])):
+    ties = np.repeat(rng.normal(size=(2, 30)), 10, axis=1)   # every value 10 times
+    one = np.array([[9.0] + [0.0] * 299])
+    for lg in (sharp, flat, ties, one, np.concatenate([sharp, flat])):
         for top_p in (0.3, 0.9, 0.99):
             p = np.exp(lg - lg.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
@@ -99,11 +102,9 @@ def test_filter_top_p_partial_candidates_equal_full_sort():
             for r in range(lg.shape[0]):
                 order = np.argsort(-lg[r])
                 n = int(np.searchsorted(np.cumsum(p[r, order]), top_p) + 1)
-                want[r, order[:n]] = True
-            for cands in (8, 64, 300):
-                got = np.asarray(filter_logits(jnp.asarray(lg, jnp.float32), 0, top_p,
-                                               nucleus_candidates=cands)) > -1e30
-                np.testing.assert_array_equal(got, want, err_msg=f"top_p={top_p} cands={cands}")
+                want[r] = lg[r] >= lg[r, order[n - 1]]   # ties at the cutoff are kept
+            got = np.asarray(filter_logits(jnp.asarray(lg, jnp.float32), 0, top_p)) > -1e30
+            np.testing.assert_array_equal(got, want, err_msg=f"top_p={top_p}")
 
 
 def test_buckets_bound_shapes():

@@ -64,38 +64,40 @@ def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 256) -> int:
     return -(-n // linear_above) * linear_above
 
 
-def _nucleus_cutoff(sorted_desc: jax.Array, log_norm: jax.Array, top_p: float) -> tuple[
-        jax.Array, jax.Array]:
-    """Returns (cutoff [batch, 1]: the lowest logit of the smallest prefix of `sorted_desc`
-    whose probability mass reaches top_p, whether that prefix lies within the given columns)."""
-    probs = jnp.exp(sorted_desc - log_norm)
-    cum = jnp.cumsum(probs, axis=-1)
-    keep = (cum - probs) < top_p             # always keeps the best token
-    cutoff = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    return cutoff, cum[:, -1:] >= top_p
+def nucleus_cutoff(logits: jax.Array, top_p: float, iters: int = 48) -> jax.Array:
+    """Returns [batch, 1]: the lowest logit of each row's nucleus, the smallest set of the
+    largest logits whose probability mass reaches top_p (ties at the cutoff are kept).
+
+    No sort of the vocabulary (11 ms a decode step at 64 x 1,024 on CPU): the cutoff c* is the
+    largest t with mass(logits >= t) >= top_p, found by bisection between the row's smallest
+    and largest logit. After `iters` halvings the bracket [lo, hi) is down to adjacent floats,
+    so lo == c*, and snapping lo to the smallest logit >= lo returns c* itself."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    finite = logits > jnp.finfo(logits.dtype).min
+    lo = jnp.min(jnp.where(finite, logits, jnp.inf), axis=-1, keepdims=True)
+    hi = jnp.max(logits, axis=-1, keepdims=True)
+
+    def body(_, bracket):
+        lo, hi = bracket
+        mid = lo + (hi - lo) * 0.5
+        ok = jnp.sum(jnp.where(logits >= mid, probs, 0.0), axis=-1, keepdims=True) >= top_p
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    # mass(logits >= max) may already reach top_p: then the top logit alone is the nucleus.
+    top_alone = jnp.sum(jnp.where(logits >= hi, probs, 0.0), axis=-1, keepdims=True) >= top_p
+    lo, _ = jax.lax.fori_loop(0, iters, body, (lo, hi))
+    lo = jnp.where(top_alone, hi, lo)
+    return jnp.min(jnp.where(logits >= lo, logits, jnp.inf), axis=-1, keepdims=True)
 
 
-def filter_logits(logits: jax.Array, top_k: int, top_p: float,
-                  nucleus_candidates: int = 64) -> jax.Array:
-    """Returns logits [batch, vocab] with tokens outside top-k / nucleus top-p set to -inf.
-
-    The nucleus is found among the `nucleus_candidates` largest logits (a partial top-k, much
-    cheaper than sorting the vocabulary every decode step); only when some row's nucleus is
-    wider than that is the whole vocabulary sorted. Either way the kept set is the exact
-    nucleus."""
+def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """Returns logits [batch, vocab] with tokens outside top-k / nucleus top-p set to -inf."""
     neg = jnp.finfo(logits.dtype).min
     if top_k > 0:
         kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth, neg, logits)
     if top_p < 1.0:
-        log_norm = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-        k = min(int(nucleus_candidates), logits.shape[-1])
-        cutoff, inside = _nucleus_cutoff(jax.lax.top_k(logits, k)[0], log_norm, top_p)
-        if k < logits.shape[-1]:
-            cutoff = jax.lax.cond(
-                jnp.all(inside), lambda: cutoff,
-                lambda: _nucleus_cutoff(jnp.sort(logits, axis=-1)[:, ::-1], log_norm, top_p)[0])
-        logits = jnp.where(logits < cutoff, neg, logits)
+        logits = jnp.where(logits < nucleus_cutoff(logits, top_p), neg, logits)
     return logits
 
 
