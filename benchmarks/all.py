@@ -119,12 +119,16 @@ def headline(rec: dict) -> tuple[str, str, str]:
         return (cells, f"matmul peak {_fmt(r['matmul_peak']['flops_per_s'])} FLOP/s",
                 f"{_fmt(t['utilization'])} (utilization)")
     if name == "dusa":
-        return (f"{_fmt(r['verified_tasks_per_s_2proc'])} tasks/s (2 proc)",
+        ray = (f"; Ray actors {_fmt(r['ray_verified_tasks_per_s_2actors'])} tasks/s (2)"
+               if "ray_verified_tasks_per_s_2actors" in r else "")
+        return (f"{_fmt(r['verified_tasks_per_s_2proc'])} tasks/s (2 proc)" + ray,
                 f"1 proc {_fmt(r['verified_tasks_per_s_1proc'])} tasks/s",
                 _fmt(r["speedup_2_vs_1"]))
     if name == "envs":
+        ray = (f"; Ray actors {_fmt(r['ray_calls_per_s_2_workers'])} calls/s (2 workers), overhead "
+               f"{_fmt(r['ray_overhead_per_call_ms'])} ms/call" if "ray_calls_per_s_2_workers" in r else "")
         return (f"{_fmt(r['calls_per_s_2_workers'])} calls/s (2 workers), overhead "
-                f"{_fmt(r['overhead_per_call_ms'])} ms/call",
+                f"{_fmt(r['overhead_per_call_ms'])} ms/call" + ray,
                 f"1 worker {_fmt(r['calls_per_s_1_worker'])} calls/s",
                 _fmt(r["calls_per_s_2_workers"] / max(r["calls_per_s_1_worker"], 1e-9)))
     if name == "grpo_trl":

@@ -2,7 +2,8 @@
 
 `python -m benchmarks.dusa` prints one JSON line. Both runs use the same seeds, so they produce
 the same task set; worker startup (imports, env pool, graph) is excluded from tasks/s and
-reported as startup_s.
+reported as startup_s. `--backends process,ray` adds the same 2-generator run on Ray actors
+(a local cluster of this machine's cores) in the same run, with `same_set_ray_vs_process`.
 """
 
 import argparse
@@ -12,10 +13,10 @@ import statistics
 from toolverse_jax.tasks.gust import generate_gust
 
 
-def run(num_tasks: int, horizon: int, processes: int, seed: int) -> dict:
+def run(num_tasks: int, horizon: int, processes: int, seed: int, backend: str = "process") -> dict:
     cfg = {"num_tasks": num_tasks, "horizons": (horizon,), "seed": seed,
            "num_processes": processes, "max_per_stage": 2, "num_servers": (1, 2),
-           "chunk_size": 8, "max_concurrent": 8}
+           "chunk_size": 8, "max_concurrent": 8, "backend": backend}
     tasks, man = generate_gust(cfg, out_dir=None, progress=False)
     return {"tasks": tasks, "manifest": man}
 
@@ -25,6 +26,8 @@ def main() -> None:
     ap.add_argument("--num_tasks", type=int, default=48)
     ap.add_argument("--horizon", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backends", default="process",
+                    help="comma-separated: process (always run) and optionally ray")
     args = ap.parse_args()
     one = run(args.num_tasks, args.horizon, 1, args.seed)
     two = run(args.num_tasks, args.horizon, 2, args.seed)
@@ -53,6 +56,17 @@ def main() -> None:
                                      / max(m1["attempts"], 1), 1),
         "target_tasks_per_s": 20,
     }
+    if "ray" in args.backends.split(","):
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            r = run(args.num_tasks, args.horizon, 2, args.seed, backend="ray")
+        finally:
+            ray.shutdown()
+        out.update({"ray_verified_tasks_per_s_2actors": r["manifest"]["tasks_per_s"],
+                    "ray_startup_s_2actors": r["manifest"]["startup_s"],
+                    "same_set_ray_vs_process": [t.id for t in r["tasks"]] == [t.id for t in tasks]})
     print(json.dumps(out))
 
 
