@@ -43,6 +43,24 @@ def test_greedy_equals_full_forward_argmax(model):
     assert not out.stopped.any()
 
 
+def test_chunked_prefill_equals_one_pass(model):
+    """Prompts past `prefill_chunk` are prefilled in chunks; the continuation is the same."""
+    cfg, params = model
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 250, n).tolist() for n in (700, 333, 20)]  # bucket 768
+    sample = dict(max_new_tokens=12, temperature=1.0, top_p=0.9)
+    one = generate(params, cfg, prompts, SamplingParams(prefill_chunk=0, **sample), jax.random.key(3))
+    for chunk in (256, 200):  # 200 -> the largest divisor of 768 below it, 192
+        out = generate(params, cfg, prompts, SamplingParams(prefill_chunk=chunk, **sample),
+                       jax.random.key(3))
+        assert out.tokens.tolist() == one.tokens.tolist()
+        np.testing.assert_allclose(out.logprobs, one.logprobs, atol=1e-5)
+    from toolverse_jax.sampling.sampler import prefill_chunk_size
+    assert [prefill_chunk_size(768, c) for c in (0, 1024, 256, 200)] == [768, 768, 256, 192]
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        SamplingParams(prefill_chunk=-1)
+
+
 def test_stop_token_and_stop_sequence_end_each_row_independently(model):
     cfg, params = model
     prompts = [[5, 9, 17, 3], [100, 2, 7, 7, 7, 250, 1]]

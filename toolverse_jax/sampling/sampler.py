@@ -32,6 +32,10 @@ class SamplingParams:
     # Multi-token stop sequences (for tokenizers where a stop string is several ids).
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     pad_id: int = 0
+    # Prompts longer than this are prefilled in chunks of this many tokens (a scan over chunks):
+    # attention scores stay [batch, heads, chunk, slots] instead of [.., prompt, slots], and one
+    # chunk body is compiled instead of the whole prompt. 0 = one pass, whatever the length.
+    prefill_chunk: int = 1024
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -42,6 +46,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1]")
         if any(len(s) == 0 for s in self.stop_sequences):
             raise ValueError("SamplingParams.stop_sequences must not contain an empty sequence")
+        if self.prefill_chunk < 0:
+            raise ValueError(f"SamplingParams.prefill_chunk={self.prefill_chunk} must be >= 0")
 
 
 class SampleOutput(NamedTuple):
@@ -149,6 +155,37 @@ class StopTables(NamedTuple):
         return hit_id | hit_seq, tail
 
 
+def prefill_chunk_size(length: int, chunk: int) -> int:
+    """Returns the chunk the prefill of `length` tokens uses: `length` itself (one pass) when
+    chunking is off or not needed, else the largest divisor of `length` that is <= `chunk`
+    (bucketed lengths above 256 are multiples of 256, so that is at least 256 for chunk >= 256)."""
+    if chunk <= 0 or length <= chunk:
+        return length
+    return next(c for c in range(chunk, 0, -1) if length % c == 0)
+
+
+def _prefill(params, cfg: ModelConfig, tokens, positions, seg, cache, chunk: int):
+    """Returns (hidden of the last prompt token [b, d], cache): writes `tokens` [b, p] into the
+    cache in one pass or, past `chunk` tokens, in a scan over chunks (same keys and values; each
+    chunk's queries attend to the cache written so far)."""
+    b, p = tokens.shape
+    c = prefill_chunk_size(p, chunk)
+    if c == p:
+        hidden, cache = forward(params, cfg, tokens, positions, seg, cache)
+        return hidden[:, -1], cache
+
+    def chunks(x):
+        return jnp.swapaxes(x.reshape(b, p // c, c), 0, 1)
+
+    def body(cache, xs):
+        tok, pos, sg = xs
+        hidden, cache = forward(params, cfg, tok, pos, sg, cache)
+        return cache, hidden[:, -1]
+
+    cache, last = jax.lax.scan(body, cache, (chunks(tokens), chunks(positions), chunks(seg)))
+    return last[-1], cache
+
+
 def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConfig,
                    sp: SamplingParams):
     """Returns (out_tokens, out_logprobs, lengths, stopped, cache): writes `tokens` [b, p]
@@ -159,8 +196,8 @@ def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConf
     b, _ = tokens.shape
     n = sp.max_new_tokens
     w = unembedding_matrix(params, cfg).astype(jnp.float32)
-    hidden, cache = forward(params, cfg, tokens, positions, seg, cache)
-    logits = hidden[:, -1].astype(jnp.float32) @ w
+    last, cache = _prefill(params, cfg, tokens, positions, seg, cache, sp.prefill_chunk)
+    logits = last.astype(jnp.float32) @ w
     pos = positions[:, -1] + 1
     stops = StopTables.of(sp)
 
