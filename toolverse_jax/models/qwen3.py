@@ -137,11 +137,14 @@ class Attention(nn.Module):
         k = nn.with_logical_constraint(k, ("batch", "length", "kv", "head_dim"))
         new_kv = None
         if kv_cache is not None:
-            k_all, v_all = kv_cache
-            k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype), (0, index, 0, 0))
-            v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype), (0, index, 0, 0))
-            new_kv = (k_all, v_all)
-            k, v = k_all.astype(dt), v_all.astype(dt)
+            # The whole [layers, ...] cache is threaded through the layers and written in place
+            # at (layer, index): a per-layer slice + stack copied the full cache every step.
+            k_full, v_full, layer = kv_cache
+            at = (layer, 0, index, 0, 0)
+            k_full = jax.lax.dynamic_update_slice(k_full, k.astype(k_full.dtype)[None], at)
+            v_full = jax.lax.dynamic_update_slice(v_full, v.astype(v_full.dtype)[None], at)
+            new_kv = (k_full, v_full)
+            k, v = k_full[layer].astype(dt), v_full[layer].astype(dt)
         b, l, h, hd = q.shape
         groups = cfg.num_heads // cfg.num_kv_heads
         qg = q.reshape(b, l, cfg.num_kv_heads, groups, hd)
@@ -279,12 +282,10 @@ class Qwen3(nn.Module):
         q_slot = jnp.broadcast_to(index + jnp.arange(l, dtype=jnp.int32), (b, l))
         k_slot = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
         mask = attention_mask(segment_ids, q_slot, seg_all, k_slot)
-        new_k, new_v = [], []
+        k_full, v_full = cache.k, cache.v
         for i, layer in enumerate(self.layers):
-            x, (k_i, v_i) = layer(x, positions, mask, (cache.k[i], cache.v[i]), index)
-            new_k.append(k_i)
-            new_v.append(v_i)
-        new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), seg_all, index + l)
+            x, (k_full, v_full) = layer(x, positions, mask, (k_full, v_full, i), index)
+        new_cache = KVCache(k_full, v_full, seg_all, index + l)
         return self.final_norm(x), new_cache
 
     def unembedding(self):
