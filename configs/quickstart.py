@@ -35,7 +35,7 @@ def get_config() -> ConfigDict:
     c.rl.neg_adv_scale = 0.2        # failed samples share the call syntax of the successes
     # Exploration: the warm start is sharp (SFT loss 0.02, rollout entropy ~0.1), so most groups
     # of 8 score alike. T=1.3 spreads the literal choices; top-p 0.95 keeps the call syntax
-    # (plain T=1.3 broke it: 74% invalid calls). Three runs: +12.2 +- 0.5 held-out points vs
+    # (plain T=1.3 broke it: 74% invalid calls). Six runs: +11.7 +- 1.2 held-out points vs
     # +9.4 +- 1.4 at T=1, truncation not growing (docs/results/rl_scarce_sweep.md).
     c.rollout.temperature = 1.3
     c.rollout.top_p = 0.95
