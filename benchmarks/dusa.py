@@ -13,10 +13,14 @@ import statistics
 from toolverse_jax.tasks.gust import generate_gust
 
 
-def run(num_tasks: int, horizon: int, processes: int, seed: int, backend: str = "process") -> dict:
+def run(num_tasks: int, horizon: int, processes: int, seed: int, backend: str = "process",
+        level: str = "goal") -> dict:
+    # level "recipe" is the generator before issue 24 (recipe instructions, no whole-chain
+    # trimming); "goal" / "stage" generate whole-chain tasks (the configs/gust.py default).
     cfg = {"num_tasks": num_tasks, "horizons": (horizon,), "seed": seed,
            "num_processes": processes, "max_per_stage": 2, "num_servers": (1, 2),
-           "chunk_size": 8, "max_concurrent": 8, "backend": backend}
+           "chunk_size": 8, "max_concurrent": 8, "backend": backend,
+           "instruction_level": level, "whole_chain": level != "recipe"}
     tasks, man = generate_gust(cfg, out_dir=None, progress=False)
     return {"tasks": tasks, "manifest": man}
 
@@ -26,16 +30,19 @@ def main() -> None:
     ap.add_argument("--num_tasks", type=int, default=48)
     ap.add_argument("--horizon", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--level", default="goal", choices=("recipe", "stage", "goal"),
+                    help="instruction level; recipe = the generator without whole-chain tasks")
     ap.add_argument("--backends", default="process",
                     help="comma-separated: process (always run) and optionally ray")
     args = ap.parse_args()
-    one = run(args.num_tasks, args.horizon, 1, args.seed)
-    two = run(args.num_tasks, args.horizon, 2, args.seed)
+    one = run(args.num_tasks, args.horizon, 1, args.seed, level=args.level)
+    two = run(args.num_tasks, args.horizon, 2, args.seed, level=args.level)
     m1, m2 = one["manifest"], two["manifest"]
     tasks = two["tasks"]
     out = {
         "benchmark": "dusa",
         "horizon": args.horizon,
+        "instruction_level": args.level,
         "num_tasks": m2["num_tasks"],
         "verified_tasks_per_s_1proc": m1["tasks_per_s"],
         "verified_tasks_per_s_2proc": m2["tasks_per_s"],
@@ -61,7 +68,7 @@ def main() -> None:
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
-            r = run(args.num_tasks, args.horizon, 2, args.seed, backend="ray")
+            r = run(args.num_tasks, args.horizon, 2, args.seed, backend="ray", level=args.level)
         finally:
             ray.shutdown()
         out.update({"ray_verified_tasks_per_s_2actors": r["manifest"]["tasks_per_s"],
