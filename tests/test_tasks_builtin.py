@@ -188,35 +188,49 @@ def test_generator_processes_leave_no_sandboxes(tmp_path, monkeypatch):
     assert not os.listdir(tmp_path), os.listdir(tmp_path)
 
 
-def _config_want():
+# The quickstart's set (goal level) and the recipe-level set its earlier results were measured on
+# (`--config.tasks.instruction_level=recipe --config.tasks.num_tasks=2000`) are both shipped.
+SHIPPED_VARIANTS = [{}, {"instruction_level": "recipe", "num_tasks": 2000}]
+
+
+def _config_want(overrides=None):
     from configs.quickstart import get_config
     t = get_config().tasks
-    return {"num_tasks": t.num_tasks, "horizons": list(t.horizons), "seed": t.gen_seed,
+    for k, v in (overrides or {}).items():
+        setattr(t, k, v)
+    want = {"num_tasks": t.num_tasks, "horizons": list(t.horizons), "seed": t.gen_seed,
             "servers": list(t.servers)}
+    whole = t.instruction_level != "recipe" if t.whole_chain is None else bool(t.whole_chain)
+    if whole or t.instruction_level != "recipe":
+        want.update(instruction_level=t.instruction_level, whole_chain=whole)
+    return want
 
 
-def test_quickstart_config_task_set_is_shipped(tmp_path):
+@pytest.mark.parametrize("overrides", SHIPPED_VARIANTS)
+def test_quickstart_config_task_set_is_shipped(tmp_path, overrides):
     # configs/quickstart.py's task set loads from the package (generating it takes minutes),
     # and a run's task cache gets the same tasks.
     from toolverse_jax.tasks.gust import (load_or_generate_quickstart_tasks, read_task_file,
                                           shipped_quickstart_file)
-    want = _config_want()
+    want = _config_want(overrides)
     path = shipped_quickstart_file(want)
     assert path is not None and path.endswith(".jsonl.gz"), "ship the quickstart config's tasks"
     shipped = read_task_file(path)
     assert len(shipped) == want["num_tasks"]
-    got = load_or_generate_quickstart_tasks(str(tmp_path), want["num_tasks"],
-                                            tuple(want["horizons"]), want["seed"],
-                                            tuple(want["servers"]))
+    got = load_or_generate_quickstart_tasks(
+        str(tmp_path), want["num_tasks"], tuple(want["horizons"]), want["seed"],
+        tuple(want["servers"]), instruction_level=want.get("instruction_level", "recipe"),
+        whole_chain=want.get("whole_chain"))
     assert [t.id for t in got] == [t.id for t in shipped]
     assert shipped_quickstart_file({**want, "seed": want["seed"] + 1}) is None
 
 
 @pytest.mark.slow
-def test_shipped_quickstart_config_tasks_are_what_the_code_generates():
+@pytest.mark.parametrize("overrides", SHIPPED_VARIANTS)
+def test_shipped_quickstart_config_tasks_are_what_the_code_generates(overrides):
     from toolverse_jax.tasks.gust import (QUICKSTART_SETTINGS, generate_gust, read_task_file,
                                           shipped_quickstart_file)
-    want = _config_want()
+    want = _config_want(overrides)
     # What load_or_generate_quickstart_tasks runs when nothing matching is shipped (minutes).
     fresh, _ = generate_gust({**QUICKSTART_SETTINGS, **want, "num_processes": 0,
                               "attempts_factor": 6.0}, progress=False)
@@ -224,4 +238,4 @@ def test_shipped_quickstart_config_tasks_are_what_the_code_generates():
         t.to_json() for t in read_task_file(shipped_quickstart_file(want))], \
         "regenerate: python -m experiments.train --config configs/quickstart.py --workdir W " \
         "--config.rl.steps=0 --config.sft.steps=0, then gzip W/tasks/gust_quickstart.jsonl to " \
-        "toolverse_jax/tasks/data/gust_quickstart_config.jsonl.gz (and copy its .meta.json)"
+        "toolverse_jax/tasks/data/gust_quickstart_<name>.jsonl.gz (and copy its .meta.json)"
