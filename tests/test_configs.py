@@ -57,5 +57,7 @@ def test_training_records_its_config_in_the_workdir(tmp_path):
     with open(tmp_path / "config_history.jsonl") as f:
         hist = [json.loads(line) for line in f]
     assert [h["config"]["rl"]["steps"] for h in hist] == [100, 7]
-    assert hist[0]["config"]["tasks"]["sft_fraction"] == 0.15
+    q = quickstart.get_config().tasks
+    assert hist[0]["config"]["tasks"]["sft_fraction"] == q.sft_fraction
+    assert hist[0]["config"]["tasks"]["instruction_level"] == q.instruction_level
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".config")]
