@@ -27,9 +27,9 @@ def get_config() -> ConfigDict:
     c.tasks.instruction_level = "goal"
     # SFT demonstrates half the train tasks (376); RL runs on the other 375, which no
     # demonstration showed. At 15% demonstrations the goal-level warm start reaches 1.6% and RL
-    # finds no success; at 50% four SFT runs reached 7.8-59.5% and RL added +7.8 to
-    # +45.3 points, +15 or more in 5 runs of 6 (README "Quickstart result";
-    # docs/results/rl_scarce_sweep.md, last section).
+    # finds no success. At 50%, over five seeds the warm start reaches 7.8-54.7% and RL adds
+    # +23.7 +- 21.4 points: it takes off from the three warm starts at 33-55% (+21.9 to +45.3)
+    # and not from those at 8-18% (README "Quickstart result"; rl_scarce_sweep.md).
     c.tasks.sft_fraction = 0.5
 
     c.sft.steps = 300
