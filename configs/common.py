@@ -46,6 +46,7 @@ def _base(method: str) -> ConfigDict:
     c.sft.batch_size = 16
     c.sft.lr = 3e-3
     c.sft.warmup_steps = 10
+    c.sft.schedule = "constant"     # after warmup: "constant" | "cosine" (to 0.1 x lr at sft.steps)
 
     c.rl = ConfigDict()
     c.rl.steps = 0

@@ -56,8 +56,31 @@ def test_training_records_its_config_in_the_workdir(tmp_path):
         assert json.load(f)["rl"]["steps"] == 7
     with open(tmp_path / "config_history.jsonl") as f:
         hist = [json.loads(line) for line in f]
-    assert [h["config"]["rl"]["steps"] for h in hist] == [100, 7]
+    assert [h["config"]["rl"]["steps"] for h in hist] == [quickstart.get_config().rl.steps, 7]
     q = quickstart.get_config().tasks
     assert hist[0]["config"]["tasks"]["sft_fraction"] == q.sft_fraction
     assert hist[0]["config"]["tasks"]["instruction_level"] == q.instruction_level
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".config")]
+
+
+@pytest.mark.parametrize("schedule,end_ratio", [("constant", 1.0), ("cosine", 0.1)])
+def test_sft_schedule_is_read(schedule, end_ratio):
+    """config.sft.schedule picks the SFT learning-rate schedule after warmup: Adam's step on a
+    constant gradient is ~lr, so the last step's size reads the schedule's end value."""
+    import jax.numpy as jnp
+    import optax
+
+    from configs import quickstart
+    from toolverse_jax.rl.spec import RunSpec
+
+    c = quickstart.get_config()
+    c.sft.steps, c.sft.warmup_steps, c.sft.schedule = 40, 2, schedule
+    opt = RunSpec.from_config(c).sft.optimizer
+    params = {"w": jnp.zeros(())}
+    state = opt.init(params)
+    for _ in range(40):
+        upd, state = opt.update({"w": jnp.ones(())}, state, params)
+    assert abs(float(upd["w"])) == pytest.approx(end_ratio * c.sft.lr, rel=0.05)
+    c.sft.schedule = "linear"
+    with pytest.raises(ValueError, match="schedule"):
+        RunSpec.from_config(c)

@@ -277,7 +277,8 @@ class RunSpec:
             if steps < 0:
                 raise ValueError(f"config.{name}.steps={steps}; use >= 0")
         sft = PhaseSpec("sft", int(c.sft.steps),
-                        make_optimizer(c.sft.lr, c.sft.warmup_steps, max(c.sft.steps, 1)),
+                        make_optimizer(c.sft.lr, c.sft.warmup_steps, max(c.sft.steps, 1),
+                                       schedule=str(c.sft.get("schedule", "constant"))),
                         loss("sft"), seed=int(c.seed))
         rl = PhaseSpec("rl", int(r.steps),
                        make_optimizer(r.lr, r.warmup_steps, max(r.steps, 1),
