@@ -127,6 +127,14 @@ def test_filter_top_p_bisection_equals_full_sort():
 
 def test_buckets_bound_shapes():
     assert [bucket_length(n) for n in (1, 32, 33, 100, 300, 1025)] == [32, 32, 64, 128, 512, 1280]
+    # The trainer's quarter-octave buckets (pack_rows): at most 1/4 padding above min_bucket.
+    fine = [bucket_length(n, 64, 512, per_octave=4) for n in (64, 65, 95, 97, 187, 300, 513)]
+    assert fine == [64, 80, 96, 112, 192, 320, 640]
+    for n in range(65, 2000, 7):
+        b = bucket_length(n, 64, 512, per_octave=4)
+        assert n <= b and b % 16 == 0 and (b - n) < max(b // 4, 128)
+    with pytest.raises(ValueError, match="per_octave"):
+        bucket_length(100, per_octave=0)
     tok, seg = pad_prompts([[1, 2], [3, 4, 5]], pad_id=0)
     assert tok.shape == (2, 32) and seg[0].sum() == 2 and tok[1, -3:].tolist() == [3, 4, 5]
     tok, _ = pad_prompts([[1]] * 3, pad_id=0)

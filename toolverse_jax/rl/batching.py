@@ -97,6 +97,9 @@ def pad_rows(rows: Sequence[Row], pad_id: int, multiple: int = 1) -> list[Row]:
     return list(rows) + [Row.blank(pad_id)] * (target - len(rows))
 
 
+TRAIN_BUCKETS_PER_OCTAVE = 4
+
+
 def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
               min_bucket: int = 64) -> TrainBatch:
     """Returns a TrainBatch [B, L] (numpy) from rows; B is padded to a multiple of num_micro
@@ -104,7 +107,10 @@ def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
     every per-token field of a row is shifted the same way."""
     if not rows:
         raise ValueError("pack_rows needs at least one row")
-    length = bucket_length(max(len(r.tokens) - 1 for r in rows), min_bucket)
+    # Quarter-octave length buckets: a batch of ~300-token rows pads to 320, not 512 (the
+    # trainer's forward and backward run over every padded position).
+    length = bucket_length(max(len(r.tokens) - 1 for r in rows), min_bucket, linear_above=512,
+                           per_octave=TRAIN_BUCKETS_PER_OCTAVE)
     b = -(-len(rows) // num_micro) * num_micro
     out = {k: np.zeros((b, length), np.float32) for k in
            ("loss_mask", "advantages", "sample_logprobs")}

@@ -61,13 +61,25 @@ class SampleOutput(NamedTuple):
     stopped: np.ndarray
 
 
-def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 256) -> int:
-    """Returns the padded length for n: powers of two up to `linear_above`, then its multiples."""
+def bucket_length(n: int, min_bucket: int = 32, linear_above: int = 256,
+                  per_octave: int = 1) -> int:
+    """Returns the padded length for n: powers of two up to `linear_above`, then its multiples.
+
+    per_octave > 1 splits each octave into that many equal steps (4: 64, 80, 96, 112, 128,
+    160, ...; at most 1 / per_octave of padding), and steps of linear_above / per_octave above
+    it: fewer padded tokens for more compiled shapes (the trainer's batches, `pack_rows`)."""
+    if per_octave < 1:
+        raise ValueError(f"bucket_length per_octave={per_octave}; use >= 1")
     if n <= min_bucket:
         return min_bucket
     if n <= linear_above:
-        return 1 << (n - 1).bit_length()
-    return -(-n // linear_above) * linear_above
+        top = 1 << (n - 1).bit_length()
+        step = top // 2 // per_octave
+        if per_octave == 1 or step < 8 or top // 2 < min_bucket:
+            return top
+        return top // 2 + -(-(n - top // 2) // step) * step
+    step = max(linear_above // per_octave, 1)
+    return -(-n // step) * step
 
 
 def nucleus_cutoff(logits: jax.Array, top_p: float, iters: int = 48) -> jax.Array:
