@@ -36,7 +36,7 @@ import numpy as np
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.models.qwen3 import KVCache, forward, init_cache, unembedding_matrix
 from toolverse_jax.sampling.sampler import (SamplingParams, StopTables, bucket_length,
-                                            sample_tokens)
+                                            inverse_cdf, sample_tokens)
 from toolverse_jax.sampling.session import _compact
 
 
@@ -117,8 +117,8 @@ def _decode(params, state: DecodeState, live, row_keys, max_steps, *, cfg: Model
         i, st, done, ended, stopped, out_tok, out_lp, n = s
         # A token's key depends on its episode and position only: the same samples however
         # the slots were interleaved.
-        tok, lp = sample_tokens(st.logits, sp, lambda f: jax.vmap(jax.random.categorical)(
-            jax.vmap(jax.random.fold_in)(keys, st.pos), f))
+        tok, lp = sample_tokens(st.logits, sp, lambda f: inverse_cdf(f, jax.vmap(
+            lambda k, p: jax.random.uniform(jax.random.fold_in(k, p)))(keys, st.pos)))
         act = ~done
         out_tok = out_tok.at[:, i].set(jnp.where(act, tok, sp.pad_id))
         out_lp = out_lp.at[:, i].set(jnp.where(act, lp, 0.0))

