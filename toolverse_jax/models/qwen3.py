@@ -22,8 +22,13 @@ _MASK_VALUE = -1e30
 
 
 class KVCache(NamedTuple):
-    """Decoding state. k, v: [layers, batch, slots, kv_heads, head_dim]; seg: [batch, slots]
-    (segment id of the token in each slot, 0 = empty); index: [] next slot to write."""
+    """Decoding state. k, v: one array per layer, each [batch, kv_heads, slots, head_dim]; seg:
+    [batch, slots] (segment id of the token in each slot, 0 = empty); index: [] next slot to
+    write.
+
+    Per-layer arrays with slots next to head_dim are what both attention dots read as they lie:
+    a stacked [layers, batch, slots, kv_heads, head_dim] cache cost a slice + transposing copy
+    of every layer's keys and values per decode step (a quarter of the tiny model's step)."""
 
     k: jax.Array
     v: jax.Array
@@ -34,8 +39,9 @@ class KVCache(NamedTuple):
 def init_cache(cfg: ModelConfig, batch: int, slots: int, dtype=None) -> KVCache:
     """Returns an empty KV cache with `slots` positions per sequence."""
     dtype = dtype or cfg.jnp_dtype
-    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+    shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+                   v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
                    seg=jnp.zeros((batch, slots), jnp.int32), index=jnp.zeros((), jnp.int32))
 
 
@@ -135,23 +141,29 @@ class Attention(nn.Module):
         k = rope(k, positions, inv_freq)
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
         k = nn.with_logical_constraint(k, ("batch", "length", "kv", "head_dim"))
-        new_kv = None
-        if kv_cache is not None:
-            # The whole [layers, ...] cache is threaded through the layers and written in place
-            # at (layer, index): a per-layer slice + stack copied the full cache every step.
-            k_full, v_full, layer = kv_cache
-            at = (layer, 0, index, 0, 0)
-            k_full = jax.lax.dynamic_update_slice(k_full, k.astype(k_full.dtype)[None], at)
-            v_full = jax.lax.dynamic_update_slice(v_full, v.astype(v_full.dtype)[None], at)
-            new_kv = (k_full, v_full)
-            k, v = k_full[layer].astype(dt), v_full[layer].astype(dt)
         b, l, h, hd = q.shape
         groups = cfg.num_heads // cfg.num_kv_heads
         qg = q.reshape(b, l, cfg.num_kv_heads, groups, hd)
-        scores = jnp.einsum("blkgd,bskd->bkgls", qg, k).astype(jnp.float32) * (hd ** -0.5)
+        if kv_cache is None:
+            new_kv = None
+            scores = jnp.einsum("blkgd,bskd->bkgls", qg, k)
+        else:
+            # This layer's cache [b, kv, slots, hd], written in place at slot `index`.
+            k_c, v_c = kv_cache
+            at = (0, 0, index, 0)
+            k_c = jax.lax.dynamic_update_slice(k_c, jnp.swapaxes(k, 1, 2).astype(k_c.dtype), at)
+            v_c = jax.lax.dynamic_update_slice(v_c, jnp.swapaxes(v, 1, 2).astype(v_c.dtype), at)
+            new_kv = (k_c, v_c)
+            k, v = k_c.astype(dt), v_c.astype(dt)
+            scores = jnp.einsum("blkgd,bksd->bkgls", qg, k)
+        scores = scores.astype(jnp.float32) * (hd ** -0.5)
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgls,bskd->blkgd", probs, v).reshape(b, l, h, hd)
+        if kv_cache is None:
+            out = jnp.einsum("bkgls,bskd->blkgd", probs, v)
+        else:  # [b, kv, g, l, hd] -> [b, l, kv, g, hd]: a bitcast when decoding (l = 1)
+            out = jnp.moveaxis(jnp.einsum("bkgls,bksd->bkgld", probs, v), 3, 1)
+        out = out.reshape(b, l, h, hd)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
         return jnp.einsum("blhk,hkd->bld", out, wo.astype(dt)), new_kv
 
@@ -282,10 +294,10 @@ class Qwen3(nn.Module):
         q_slot = jnp.broadcast_to(index + jnp.arange(l, dtype=jnp.int32), (b, l))
         k_slot = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
         mask = attention_mask(segment_ids, q_slot, seg_all, k_slot)
-        k_full, v_full = cache.k, cache.v
+        ks, vs = list(cache.k), list(cache.v)
         for i, layer in enumerate(self.layers):
-            x, (k_full, v_full) = layer(x, positions, mask, (k_full, v_full, i), index)
-        new_cache = KVCache(k_full, v_full, seg_all, index + l)
+            x, (ks[i], vs[i]) = layer(x, positions, mask, (ks[i], vs[i]), index)
+        new_cache = KVCache(tuple(ks), tuple(vs), seg_all, index + l)
         return self.final_norm(x), new_cache
 
     def unembedding(self):

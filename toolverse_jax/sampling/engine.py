@@ -81,13 +81,14 @@ def _prefill(params, state: DecodeState, rows, valid, fresh, tokens, seg, positi
     next-token logits and positions set and their turn counters reset. Rows with fresh True
     start a new episode: the slot's previous episode is dropped first."""
     c = state.cache
-    sub = KVCache(c.k[:, rows], c.v[:, rows], jnp.where(fresh[:, None], 0, c.seg[rows]),
-                  c.index)
+    sub = KVCache(tuple(x[rows] for x in c.k), tuple(x[rows] for x in c.v),
+                  jnp.where(fresh[:, None], 0, c.seg[rows]), c.index)
     hidden, sub = forward(params, cfg, tokens, positions, seg, sub)
     w = unembedding_matrix(params, cfg).astype(jnp.float32)
     new_logits = hidden[:, -1].astype(jnp.float32) @ w
     keep = valid[:, None]
-    cache = KVCache(c.k.at[:, rows].set(sub.k), c.v.at[:, rows].set(sub.v),
+    cache = KVCache(tuple(x.at[rows].set(y) for x, y in zip(c.k, sub.k)),
+                    tuple(x.at[rows].set(y) for x, y in zip(c.v, sub.v)),
                     c.seg.at[rows].set(sub.seg), sub.index)
     return DecodeState(
         cache, state.logits.at[rows].set(jnp.where(keep, new_logits, state.logits[rows])),

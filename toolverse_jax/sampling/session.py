@@ -42,13 +42,15 @@ def _extend(params, cache, tokens, seg, positions, rng, *, cfg: ModelConfig,
 def _compact(cache: KVCache, src: jax.Array, keep: jax.Array, *, slots: int) -> KVCache:
     """Returns a cache of `slots` slots: row b's slot j holds old slot src[b, j] where keep[b, j]
     (else empty), with the write index at src.shape[1]."""
-    k = jnp.take_along_axis(cache.k, src[None, :, :, None, None], axis=2)
-    v = jnp.take_along_axis(cache.v, src[None, :, :, None, None], axis=2)
-    seg = jnp.where(keep, jnp.take_along_axis(cache.seg, src, axis=1), 0)
     used = src.shape[1]
     pad = slots - used
-    k = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
-    v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
+
+    def move(x):  # one layer's [batch, kv_heads, slots, head_dim]
+        x = jnp.take_along_axis(x, src[:, None, :, None], axis=2)
+        return jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))
+
+    k, v = tuple(map(move, cache.k)), tuple(map(move, cache.v))
+    seg = jnp.where(keep, jnp.take_along_axis(cache.seg, src, axis=1), 0)
     seg = jnp.pad(seg, ((0, 0), (0, pad)))
     return KVCache(k, v, seg, jnp.asarray(used, jnp.int32))
 
