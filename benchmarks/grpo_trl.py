@@ -13,10 +13,13 @@ fixed length (min_new_tokens = max_new_tokens; our sampler gets no stop ids) so 
 same work. TRL needs `pip install trl` (it is not a test dependency); without it the baseline is
 recorded as skipped with the reason.
 
-Ours is split as our RL loop runs it: rollout (jitted KV-cache sampler), scoring (the trainer's
-log-probs of the sampled tokens before the update = PPO's old log-probs) and update (the jitted
-train step). TRL with one update per generation takes the old log-probs from the same forward as
-the loss, so `ours_step_no_scoring_s` is the like-for-like figure. Medians over the steps after
+Ours runs as our RL loop does: the update packs each prompt's G completions behind one copy of
+the prompt (`rl.share_prefix`: the same loss and gradient over fewer tokens; TRL runs the
+prompt once per completion); `--no-share-prefix` turns that off. It is split into rollout
+(jitted KV-cache sampler), scoring (the trainer's log-probs of the sampled tokens before the
+update = PPO's old log-probs) and update (the jitted train step). TRL with one update per
+generation takes the old log-probs from the same forward as the loss, so
+`ours_step_no_scoring_s` is the like-for-like figure. Medians over the steps after
 the first (compile / warm-up); ours and TRL run one after the other in one process, torch with as
 many threads as XLA's CPU client.
 """
@@ -134,7 +137,7 @@ def bench_ours(a, tok, cfg, params, prompts: list[str]) -> dict:
             rows.append(Row(p + comp, [0] * len(p) + [1] * n,
                             [0.0] * len(p) + [float(A)] * n,
                             [0.0] * len(p) + list(map(float, lp[:n]))))
-        batch = pack_rows(rows, tok.pad_id)
+        batch = pack_rows(rows, tok.pad_id, share_prefix=a.share_prefix)
         t1 = time.perf_counter()
         old, _ = score_jit(state.params, batch, cfg=cfg)
         old = jax.block_until_ready(old)
@@ -231,7 +234,8 @@ def run(a: argparse.Namespace) -> dict:
                      "kv_heads": a.kv_heads, "head_dim": a.head_dim, "mlp_dim": a.mlp_dim,
                      "vocab": int(cfg.vocab_size), "prompts": a.prompts, "group": a.group,
                      "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "steps": a.steps, "lr": a.lr,
-                     "dtype": "float32", "loss": "ppo_clip token-mean (TRL dapo), beta 0"}
+                     "dtype": "float32", "loss": "ppo_clip token-mean (TRL dapo), beta 0",
+                     "share_prefix": a.share_prefix}
     rec["versions"] = {"jax": jax.__version__, "trl": version}
     rec["threads"] = threads
     rec["loadavg"] = [round(x, 2) for x in os.getloadavg()]
@@ -255,6 +259,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5, help="GRPO steps per side (first excluded)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-share-prefix", dest="share_prefix", action="store_false",
+                   help="update on one row per completion (prompt repeated G times), as TRL "
+                        "does; default: the RL loop's rl.share_prefix packing")
     p.add_argument("--quick", action="store_true",
                    help="d=128, 2 prompts x 4 completions, 16 + 16 tokens, 3 steps")
     a = p.parse_args(argv)

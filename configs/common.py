@@ -63,6 +63,10 @@ def _base(method: str) -> ConfigDict:
     # forward/backward; the gradient is rescaled to the full batch's normalizer, so the update
     # is the same. Applies to ppo_clip without KL or entropy terms (else every row is used).
     c.rl.skip_no_signal = True
+    # Pack each group's rollouts behind one copy of their common prompt in the update: every
+    # token sees the context it has unpacked (same loss and gradient), and the prompt runs once
+    # a group instead of once a rollout. token_mean aggregation only (off under seq_mean).
+    c.rl.share_prefix = True
     c.rl.ppo_epochs = 1             # passes over each rollout batch
     c.rl.num_minibatches = 1        # updates per pass (rows shuffled into this many minibatches)
     c.rl.lr = 2e-4

@@ -97,10 +97,17 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
     return out.astype(x.dtype)
 
 
+# Segment id of a shared prefix (training rows packed by `rl.batching.pack_rows(share_prefix=
+# True)`): every token of its row may attend to it, causally; it attends only to itself.
+SHARED_SEGMENT = -1
+
+
 def attention_mask(q_seg: jax.Array, q_slot: jax.Array, k_seg: jax.Array,
                    k_slot: jax.Array) -> jax.Array:
-    """Returns bool [batch, q_len, k_len]: causal in slot order, same non-zero segment."""
-    same = (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] != 0)
+    """Returns bool [batch, q_len, k_len]: causal in slot order, same non-zero segment or a
+    key in the row's shared prefix (segment SHARED_SEGMENT)."""
+    k = k_seg[:, None, :]
+    same = ((q_seg[:, :, None] == k) | (k == SHARED_SEGMENT)) & (k != 0)
     causal = k_slot[:, None, :] <= q_slot[:, :, None]
     return same & causal
 

@@ -7,12 +7,13 @@ rollouts, Memory-R2 role calls) shares: `pack_rows` builds one process's [B, L] 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from toolverse_jax.models.qwen3 import SHARED_SEGMENT
 from toolverse_jax.rl.registry import AdvantageInputs, get_advantage
 from toolverse_jax.rl.types import Row, TrainBatch, Trajectory
 from toolverse_jax.sampling import bucket_length
@@ -98,45 +99,121 @@ def pad_rows(rows: Sequence[Row], pad_id: int, multiple: int = 1) -> list[Row]:
 
 
 TRAIN_BUCKETS_PER_OCTAVE = 4
+# A shared-prefix row holds at most this many tokens (its attention is dense over all of them),
+# or the longest single row where that is longer.
+MAX_SHARED_ROW = 2048
+
+
+class _Piece(NamedTuple):
+    """A run of one row's input positions [start, end) in a packed training row."""
+    row: int
+    start: int
+    end: int
+
+
+def _first_loss_input(r: Row) -> int:
+    """Returns the first input position whose target is a policy token (len - 1 if none)."""
+    hits = np.flatnonzero(np.asarray(r.policy_mask[1:], bool))
+    return int(hits[0]) if hits.size else len(r.tokens) - 1
+
+
+def _shared_layout(rows: Sequence[Row], min_shared: int, max_len: int
+                   ) -> list[tuple[int, list[_Piece]]]:
+    """Returns the packed rows as (shared input count s, pieces): rows whose first `min_shared`
+    tokens agree form a group; s is the number of leading inputs every row of the group has
+    alike, with alike targets, and no loss token (so the shared copy carries no loss); each
+    piece is a row's inputs from s on. A group is cut into packed rows of at most `max_len`
+    tokens; rows that share nothing are their own packed row (s = 0, one piece)."""
+    groups: dict[tuple, list[int]] = {}
+    out: list[tuple[int, list[_Piece]]] = []
+    for i, r in enumerate(rows):
+        if len(r.tokens) - 1 > min_shared:
+            groups.setdefault(tuple(int(t) for t in r.tokens[:min_shared]), []).append(i)
+        else:
+            out.append((0, [_Piece(i, 0, len(r.tokens) - 1)]))
+    for idx in groups.values():
+        toks = [np.asarray(rows[i].tokens) for i in idx]
+        n = min(len(t) for t in toks)
+        same = np.all(np.stack([t[:n] for t in toks]) == toks[0][:n], axis=0)
+        lcp = int(np.argmin(same)) if not same.all() else n
+        s = min([lcp - 1] + [_first_loss_input(rows[i]) for i in idx])
+        if len(idx) < 2 or s < min_shared:
+            out.extend((0, [_Piece(i, 0, len(rows[i].tokens) - 1)]) for i in idx)
+            continue
+        cur: list[_Piece] = []
+        used = s
+        for i in idx:
+            n_i = len(rows[i].tokens) - 1 - s
+            if cur and used + n_i > max_len:
+                out.append((s, cur))
+                cur, used = [], s
+            cur.append(_Piece(i, s, len(rows[i].tokens) - 1))
+            used += n_i
+        out.append((s, cur))
+    return out
 
 
 def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
-              min_bucket: int = 64) -> TrainBatch:
+              min_bucket: int = 64, share_prefix: bool = False,
+              min_shared: int = 16) -> TrainBatch:
     """Returns a TrainBatch [B, L] (numpy) from rows; B is padded to a multiple of num_micro
     (padding rows have an all-zero mask) and L to a length bucket. targets[t] = tokens[t + 1]:
-    every per-token field of a row is shifted the same way."""
+    every per-token field of a row is shifted the same way.
+
+    share_prefix: rows that begin alike (a GRPO group's rollouts of one prompt) are packed into
+    one training row holding their common prefix once (segment `SHARED_SEGMENT`, attended by
+    every later token of the row) and then each row's remainder (segments 1, 2, ...; RoPE
+    positions continuing the prefix's). Each token sees exactly the context it has unpacked,
+    so log-probs and gradients are the same (up to float summation order) over fewer tokens:
+    the prompt is run once a group instead of once a rollout. The loss must aggregate over
+    tokens (token_mean): a packed row holds several sequences."""
     if not rows:
         raise ValueError("pack_rows needs at least one row")
+    longest = max(len(r.tokens) - 1 for r in rows)
+    layout = (_shared_layout(rows, min_shared, max(longest, MAX_SHARED_ROW)) if share_prefix
+              else [(0, [_Piece(i, 0, len(r.tokens) - 1)]) for i, r in enumerate(rows)])
     # Quarter-octave length buckets: a batch of ~300-token rows pads to 320, not 512 (the
     # trainer's forward and backward run over every padded position).
-    length = bucket_length(max(len(r.tokens) - 1 for r in rows), min_bucket, linear_above=512,
-                           per_octave=TRAIN_BUCKETS_PER_OCTAVE)
-    b = -(-len(rows) // num_micro) * num_micro
+    length = bucket_length(max(s + sum(p.end - p.start for p in ps) for s, ps in layout),
+                           min_bucket, linear_above=512, per_octave=TRAIN_BUCKETS_PER_OCTAVE)
+    b = -(-len(layout) // num_micro) * num_micro
     out = {k: np.zeros((b, length), np.float32) for k in
            ("loss_mask", "advantages", "sample_logprobs")}
     tokens = np.full((b, length), pad_id, np.int32)
     targets = np.full((b, length), pad_id, np.int32)
     seg = np.zeros((b, length), np.int32)
     pos = np.zeros((b, length), np.int32)
-    for i, r in enumerate(rows):
-        t = np.asarray(r.tokens, np.int32)
-        n = len(t) - 1
-        tokens[i, :n], targets[i, :n] = t[:-1], t[1:]
-        seg[i, :n] = 1
-        pos[i, :n] = np.arange(n)
-        out["loss_mask"][i, :n] = np.asarray(r.policy_mask[1:], np.float32)
-        out["advantages"][i, :n] = np.asarray(r.advantages[1:], np.float32)
-        out["sample_logprobs"][i, :n] = np.asarray(r.sample_logprobs[1:], np.float32)
+    for i, (s, pieces) in enumerate(layout):
+        at = 0
+        if s:  # the group's shared inputs and their (alike, loss-free) targets
+            t = np.asarray(rows[pieces[0].row].tokens, np.int32)
+            tokens[i, :s], targets[i, :s] = t[:s], t[1:s + 1]
+            seg[i, :s] = SHARED_SEGMENT
+            pos[i, :s] = np.arange(s)
+            at = s
+        for j, p in enumerate(pieces):
+            r = rows[p.row]
+            t = np.asarray(r.tokens, np.int32)
+            n = p.end - p.start
+            span = slice(at, at + n)
+            tokens[i, span], targets[i, span] = t[p.start:p.end], t[p.start + 1:p.end + 1]
+            seg[i, span] = j + 1
+            pos[i, span] = np.arange(p.start, p.end)
+            for k, field in (("loss_mask", r.policy_mask), ("advantages", r.advantages),
+                             ("sample_logprobs", r.sample_logprobs)):
+                out[k][i, span] = np.asarray(field, np.float32)[p.start + 1:p.end + 1]
+            at += n
     zeros = np.zeros((b, length), np.float32)
     return TrainBatch(tokens, targets, seg, pos, out["loss_mask"], out["advantages"],
                       out["sample_logprobs"], zeros, zeros)
 
 
-def global_batch(rows: Sequence[Row], pad_id: int, mesh: Mesh, num_micro: int = 1
-                 ) -> TrainBatch:
+def global_batch(rows: Sequence[Row], pad_id: int, mesh: Mesh, num_micro: int = 1,
+                 share_prefix: bool = False) -> TrainBatch:
     """Returns the global TrainBatch [sum of rows, L] on `mesh` from this process's rows (a
     process with none contributes one blank row); all processes agree on L (the max bucket)
     and pad to the same row count (zero-mask rows)."""
-    local = pack_rows(list(rows) or [Row.blank(pad_id)], pad_id, num_micro)
+    local = pack_rows(list(rows) or [Row.blank(pad_id)], pad_id, num_micro,
+                      share_prefix=share_prefix)
     return distributed.global_arrays(local, mesh, num_micro,
                                      fills={"tokens": pad_id, "targets": pad_id})

@@ -241,4 +241,4 @@ def _update(state, rows: Sequence[Row], step_fn, pspec: PhaseSpec, spec: RunSpec
                       rng=np.random.default_rng([pspec.seed, step]), backend=pspec.loss.backend,
                       score_old=not pspec.loss.old_from_current,
                       skip_no_signal=pspec.skip_no_signal,
-                      aggregation=pspec.loss.aggregation)
+                      aggregation=pspec.loss.aggregation, share_prefix=pspec.share_prefix)

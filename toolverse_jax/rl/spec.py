@@ -114,6 +114,8 @@ class PhaseSpec:
     # set only where the loss has no KL or entropy term and no reference is scored
     # (RunSpec.from_config).
     skip_no_signal: bool = False
+    # Pack a group's rollouts behind one copy of their common prompt (token_mean losses only).
+    share_prefix: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +291,9 @@ class RunSpec:
                        seed=int(c.seed) if int(r.seed) < 0 else int(r.seed),
                        skip_no_signal=bool(r.skip_no_signal) and r.loss == "ppo_clip"
                        and r.kl_coef == 0 and r.entropy_coef == 0
-                       and not bool(c.train.get("log_ref_kl", False)))
+                       and not bool(c.train.get("log_ref_kl", False)),
+                       share_prefix=bool(r.get("share_prefix", False))
+                       and r.aggregation == "token_mean")
         t = c.train
         m = c.model
         return cls(

@@ -78,7 +78,7 @@ def score_logprobs(params, cfg: ModelConfig, batch: TrainBatch, temperature: flo
                    backend: str = "auto"):
     """Returns (logprobs, entropy) [B, L] of the batch's targets under `params` (masked to 0)."""
     return logprobs_of(params, cfg, batch.tokens, batch.targets, batch.positions,
-                       batch.segment_ids, mask=batch.segment_ids.astype(jnp.float32),
+                       batch.segment_ids, mask=(batch.segment_ids != 0).astype(jnp.float32),
                        temperature=temperature, backend=backend)
 
 
@@ -153,7 +153,7 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
                pad_id: int, temperature: float, ref_params=None, epochs: int = 1,
                num_minibatches: int = 1, rng: np.random.Generator | None = None,
                backend: str = "auto", score_old: bool = True, skip_no_signal: bool = False,
-               aggregation: str = "token_mean"):
+               aggregation: str = "token_mean", share_prefix: bool = False):
     """Returns (state, metrics) after `epochs` passes over `rows` in `num_minibatches` shuffled
     minibatches (PPO's reuse of one rollout batch). π_old (and the reference, when given) score
     every minibatch once, before the first update, so the clip ratio of later passes is taken
@@ -167,7 +167,14 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     sequences for seq_mean), so the update equals the one over every row. Valid only when the
     loss has no term besides the advantage-weighted one (no KL or entropy coefficient, no
     reference scored): the caller checks. At least one row is kept, so the optimizer still
-    steps when none has a signal (Adam's moments then move the params as they would)."""
+    steps when none has a signal (Adam's moments then move the params as they would).
+
+    share_prefix: each minibatch packs rows that begin alike (a group's rollouts of one prompt)
+    behind one copy of their common prefix (`pack_rows`): the same update over fewer tokens.
+    Needs token_mean aggregation."""
+    if share_prefix and aggregation != "token_mean":
+        raise ValueError(f"ppo_update: share_prefix packs several rows into one; it needs "
+                         f"aggregation='token_mean', not {aggregation!r}")
     if skip_no_signal and ref_params is not None:
         raise ValueError("ppo_update: skip_no_signal with a reference (KL) is not exact")
     if not score_old and (epochs > 1 or num_minibatches > 1):
@@ -189,7 +196,7 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
             # Row counts vary step to step: pad to a power of two (few compiled shapes).
             part = pad_rows(kept, pad_id, num_micro)
         scales.append(scale)
-        batch = global_batch(part, pad_id, mesh, num_micro)
+        batch = global_batch(part, pad_id, mesh, num_micro, share_prefix=share_prefix)
         old_lp = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
                            backend=backend)[0] if score_old else batch.old_logprobs
         ref_lp = old_lp if ref_params is None else score_jit(
