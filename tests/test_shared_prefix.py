@@ -105,3 +105,16 @@ def test_groups_longer_than_the_cap_split_into_rows_that_each_hold_the_prefix():
     assert len(shared) >= 2 and all(s + sum(p.end - p.start for p in ps) <= 60 or len(ps) == 1
                                     for s, ps in shared)
     assert sorted(p.row for _, ps in layout for p in ps) == list(range(len(rows)))
+
+
+def test_batches_where_sharing_does_not_pay_stay_plain():
+    """A 20-token prompt before ~60-token completions saves too few tokens for the longer
+    packed rows' attention: the batch is exactly the plain one."""
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(3, 256, 20).tolist()
+    rows = [Row(prompt + (c := rng.integers(3, 256, 60 + j).tolist()),
+                [False] * 20 + [True] * len(c), np.ones(80 + j, np.float32),
+                np.zeros(80 + j, np.float32)) for j in range(8)]
+    plain, shared = pack_rows(rows, 0), pack_rows(rows, 0, share_prefix=True)
+    for a, b in zip(plain, shared):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
