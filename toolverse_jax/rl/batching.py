@@ -110,11 +110,16 @@ SHARED_MAX_GROWTH = 2
 SHARED_MAX_FRACTION = 0.75
 
 
-def _padded_shape(layout, min_bucket: int, num_micro: int) -> tuple[int, int]:
-    """Returns the (rows, length) a layout pads to."""
+def _padded_shape(layout, min_bucket: int, num_micro: int, pow2: bool = False
+                  ) -> tuple[int, int]:
+    """Returns the (rows, length) a layout pads to; pow2: rows to a power of two (>= num_micro),
+    so packed batches, whose row count varies step to step, compile a handful of shapes."""
     length = bucket_length(max(s + sum(p.end - p.start for p in ps) for s, ps in layout),
                            min_bucket, linear_above=512, per_octave=TRAIN_BUCKETS_PER_OCTAVE)
-    return -(-len(layout) // num_micro) * num_micro, length
+    n = len(layout)
+    if pow2:
+        n = max(1 << (n - 1).bit_length(), num_micro)
+    return -(-n // num_micro) * num_micro, length
 
 
 class _Piece(NamedTuple):
@@ -196,7 +201,7 @@ def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
     if share_prefix:
         longest = max(len(r.tokens) - 1 for r in rows)
         shared = _shared_layout(rows, min_shared, SHARED_MAX_GROWTH * longest)
-        b2, l2 = _padded_shape(shared, min_bucket, num_micro)
+        b2, l2 = _padded_shape(shared, min_bucket, num_micro, pow2=True)
         if b2 * l2 <= SHARED_MAX_FRACTION * b * length and b2 * l2 * l2 <= b * length * length:
             layout, b, length = shared, b2, l2
     out = {k: np.zeros((b, length), np.float32) for k in
