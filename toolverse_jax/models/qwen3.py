@@ -30,8 +30,8 @@ class KVCache(NamedTuple):
     a stacked [layers, batch, slots, kv_heads, head_dim] cache cost a slice + transposing copy
     of every layer's keys and values per decode step (a quarter of the tiny model's step)."""
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     seg: jax.Array
     index: jax.Array
 
