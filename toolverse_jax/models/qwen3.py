@@ -97,17 +97,11 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
     return out.astype(x.dtype)
 
 
-# Segment id of a shared prefix (training rows packed by `rl.batching.pack_rows(share_prefix=
-# True)`): every token of its row may attend to it, causally; it attends only to itself.
-SHARED_SEGMENT = -1
-
-
 def attention_mask(q_seg: jax.Array, q_slot: jax.Array, k_seg: jax.Array,
                    k_slot: jax.Array) -> jax.Array:
-    """Returns bool [batch, q_len, k_len]: causal in slot order, same non-zero segment or a
-    key in the row's shared prefix (segment SHARED_SEGMENT)."""
-    k = k_seg[:, None, :]
-    same = ((q_seg[:, :, None] == k) | (k == SHARED_SEGMENT)) & (k != 0)
+    """Returns bool [batch, q_len, k_len]: causal in slot order within the same non-zero
+    segment."""
+    same = (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] != 0)
     causal = k_slot[:, None, :] <= q_slot[:, :, None]
     return same & causal
 
@@ -337,6 +331,29 @@ def forward(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None,
     return Qwen3(cfg).apply({"params": params}, tokens, positions, segment_ids, cache, attn_mask)
 
 
+def prefix_cache(params, cfg: ModelConfig, prefix_tokens, prefix_segment_ids, prefix_index,
+                 extra_slots: int) -> KVCache:
+    """Returns a KV cache [rows, ..., Lp + extra_slots] holding each row's shared prefix.
+
+    prefix_tokens / prefix_segment_ids: [P, Lp] inputs 0.. of P shared prefixes (segment 1,
+    0 = padding; RoPE positions 0..Lp-1). prefix_index: [rows] int, the prefix of each row.
+    The prefixes run once; their keys and values are gathered per row (the gradient sums back
+    over the rows that read them), and the cache's next slot is Lp: a forward of each row's
+    own tokens (segment 1, positions continuing its prefix) against it sees exactly the context
+    it has unsplit. GRPO's G rollouts of one prompt run the prompt once, not G times."""
+    p, lp = prefix_tokens.shape
+    _, cache = forward(params, cfg, prefix_tokens, None, prefix_segment_ids,
+                       init_cache(cfg, p, lp))
+
+    def per_row(x):  # k, v [P, kv, Lp, hd] / seg [P, Lp] -> rows, Lp + extra_slots slots
+        widths = [(0, 0)] * x.ndim
+        widths[1 if x.ndim == 2 else 2] = (0, extra_slots)
+        return jnp.pad(jnp.take(x, prefix_index, axis=0), widths)
+
+    return KVCache(tuple(map(per_row, cache.k)), tuple(map(per_row, cache.v)),
+                   per_row(cache.seg), cache.index)
+
+
 def logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=None) -> jax.Array:
     """Returns float32 logits [batch, length, vocab] for int32 tokens [batch, length]."""
     hidden, _ = forward(params, cfg, tokens, positions, segment_ids)
@@ -357,12 +374,17 @@ def router_logits(params, cfg: ModelConfig, tokens, positions=None, segment_ids=
 
 
 def logprobs_of(params, cfg: ModelConfig, tokens, targets, positions=None, segment_ids=None,
-                mask=None, temperature: float = 1.0, backend: str = "auto", attn_mask=None):
+                mask=None, temperature: float = 1.0, backend: str = "auto", attn_mask=None,
+                prefix=None):
     """Returns (logprob, entropy) [batch, length] of `targets` given `tokens`, never building
     [tokens, vocab] logits (fused vocab-chunked kernel). mask: [batch, length], 0 -> output 0.
-    attn_mask: optional bool [batch, length, length] ANDed with the segment mask."""
+    attn_mask: optional bool [batch, length, length] ANDed with the segment mask.
+    prefix: optional (tokens [P, Lp], segment_ids [P, Lp], index [batch]): each row continues
+    shared prefix `index` (`prefix_cache`); its positions are the prefix's length on."""
     from kernels import token_logprobs  # top-level package; imported lazily to keep deps one-way
-    hidden, _ = forward(params, cfg, tokens, positions, segment_ids, attn_mask=attn_mask)
+    cache = None if prefix is None else prefix_cache(params, cfg, *prefix, tokens.shape[1])
+    hidden, _ = forward(params, cfg, tokens, positions, segment_ids, cache=cache,
+                        attn_mask=attn_mask)
     b, l, d = hidden.shape
     flat_mask = None if mask is None else mask.reshape(b * l)
     lp, ent = token_logprobs(hidden.reshape(b * l, d), unembedding_matrix(params, cfg),

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from toolverse_jax.models.qwen3 import SHARED_SEGMENT
 from toolverse_jax.rl.registry import AdvantageInputs, get_advantage
 from toolverse_jax.rl.types import Row, TrainBatch, Trajectory
 from toolverse_jax.sampling import bucket_length
 from toolverse_jax.sharding import distributed
+from toolverse_jax.sharding.mesh import batch_sharding
 
 
 def turn_arrays(trajs: Sequence[Trajectory], num_turns: int
@@ -99,34 +100,14 @@ def pad_rows(rows: Sequence[Row], pad_id: int, multiple: int = 1) -> list[Row]:
 
 
 TRAIN_BUCKETS_PER_OCTAVE = 4
-# A shared-prefix row holds at most this many times the longest row's tokens (its attention is
-# dense over all of them), and is kept only where it holds at most SHARED_MAX_FRACTION of the
-# tokens its rows hold unpacked (else they stay one row each). The packed batch is used only
-# where its padded [B, L] has at most SHARED_MAX_FRACTION of the plain batch's tokens and no
-# more attention area (B * L^2): all rows pad to the longest, so one long packed row can cost
-# more than it saves. Measured on the tiny model's train step: prompt 300 / completions ~60
-# (8 a group) 265 -> 191 ms; 150 / 150 and 32 / 64 were slower packed (and are now left plain).
-SHARED_MAX_GROWTH = 2
-SHARED_MAX_FRACTION = 0.75
-
-
-def _padded_shape(layout, min_bucket: int, num_micro: int, pow2: bool = False
-                  ) -> tuple[int, int]:
-    """Returns the (rows, length) a layout pads to; pow2: rows to a power of two (>= num_micro),
-    so packed batches, whose row count varies step to step, compile a handful of shapes."""
-    length = bucket_length(max(s + sum(p.end - p.start for p in ps) for s, ps in layout),
-                           min_bucket, linear_above=512, per_octave=TRAIN_BUCKETS_PER_OCTAVE)
-    n = len(layout)
-    if pow2:
-        n = max(1 << (n - 1).bit_length(), num_micro)
-    return -(-n // num_micro) * num_micro, length
-
-
-class _Piece(NamedTuple):
-    """A run of one row's input positions [start, end) in a packed training row."""
-    row: int
-    start: int
-    end: int
+# Shared prefixes (pack_rows(share_prefix=True)) are used only where their cost comes to at
+# most PREFIX_MAX_FRACTION of the plain batch's: padded tokens plus attention area (query x key
+# pairs) at PREFIX_PAIRS_PER_TOKEN pairs a token (a token's projections and MLP cost ~1500
+# attention pairs' dots on the tiny model; the softmax's elementwise work makes pairs dearer).
+# Below 0.9 the saving would not cover the gather and the second forward's overhead.
+PREFIX_MAX_FRACTION = 0.9
+PREFIX_PAIRS_PER_TOKEN = 512
+PREFIX_MIN_BUCKET = 16
 
 
 def _first_loss_input(r: Row) -> int:
@@ -135,112 +116,155 @@ def _first_loss_input(r: Row) -> int:
     return int(hits[0]) if hits.size else len(r.tokens) - 1
 
 
-def _shared_layout(rows: Sequence[Row], min_shared: int, max_len: int
-                   ) -> list[tuple[int, list[_Piece]]]:
-    """Returns the packed rows as (shared input count s, pieces): rows whose first `min_shared`
-    tokens agree form a group; s is the number of leading inputs every row of the group has
-    alike, with alike targets, and no loss token (so the shared copy carries no loss); each
-    piece is a row's inputs from s on. A group is cut into packed rows of at most `max_len`
-    tokens; a packed row holding more than SHARED_MAX_FRACTION of its rows' unpacked tokens,
-    and rows that share nothing, are one packed row per row (s = 0, one piece)."""
-    groups: dict[tuple, list[int]] = {}
-    out: list[tuple[int, list[_Piece]]] = []
+def _shared_starts(rows: Sequence[Row], min_shared: int) -> tuple[list[int], list[int]]:
+    """Returns (group, start) per row: rows whose first `min_shared` tokens agree form a group
+    (-1: none); start = the number of leading inputs the group shares (held once, as its
+    prefix): alike in every row, before any row's first loss target, and leaving each row at
+    least one input. Groups of one row, or sharing fewer than `min_shared` inputs, get -1 / 0."""
+    keys: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
-        if len(r.tokens) - 1 > min_shared:
-            groups.setdefault(tuple(int(t) for t in r.tokens[:min_shared]), []).append(i)
-        else:
-            out.append((0, [_Piece(i, 0, len(r.tokens) - 1)]))
-    for idx in groups.values():
+        if len(r.tokens) - 2 >= min_shared:
+            keys.setdefault(tuple(int(t) for t in r.tokens[:min_shared]), []).append(i)
+    group, start = [-1] * len(rows), [0] * len(rows)
+    for idx in keys.values():
+        if len(idx) < 2:
+            continue
         toks = [np.asarray(rows[i].tokens) for i in idx]
         n = min(len(t) for t in toks)
         same = np.all(np.stack([t[:n] for t in toks]) == toks[0][:n], axis=0)
-        lcp = int(np.argmin(same)) if not same.all() else n
-        s = min([lcp - 1] + [_first_loss_input(rows[i]) for i in idx])
-        if len(idx) < 2 or s < min_shared:
-            out.extend((0, [_Piece(i, 0, len(rows[i].tokens) - 1)]) for i in idx)
-            continue
-        chunks: list[list[_Piece]] = [[]]
-        used = s
-        for i in idx:
-            n_i = len(rows[i].tokens) - 1 - s
-            if chunks[-1] and used + n_i > max_len:
-                chunks.append([])
-                used = s
-            chunks[-1].append(_Piece(i, s, len(rows[i].tokens) - 1))
-            used += n_i
-        for ps in chunks:
-            rest = sum(p.end - p.start for p in ps)
-            if len(ps) > 1 and s + rest <= SHARED_MAX_FRACTION * (len(ps) * s + rest):
-                out.append((s, ps))
-            else:
-                out.extend((0, [_Piece(p.row, 0, p.end)]) for p in ps)
-    return out
+        lcp = n if same.all() else int(np.argmin(same))
+        s = min([lcp, n - 2] + [_first_loss_input(rows[i]) for i in idx])
+        if s >= min_shared:
+            for i in idx:
+                group[i], start[i] = idx[0], s
+    return group, start
+
+
+def _prefix_plan(rows: Sequence[Row], group: list[int], start: list[int], b: int,
+                 num_micro: int, shards: int) -> tuple[list[int], list[tuple[int, int]], list[int], int]:
+    """Returns (order, prefixes, prefix_of_slot, per_micro): batch slot k holds rows[order[k]]
+    (slots past len(rows) are padding); rows of a group sit together; micro-batch m's slots
+    read prefix rows m * per_micro.. (per_micro the same for every micro: a power of two, or
+    a multiple of `shards` where that is more, as the mesh splits a micro-batch's prefixes);
+    prefixes[p] = (row whose tokens it copies, shared input count; (-1, 0) = blank, for rows
+    that share nothing and for padding)."""
+    order = sorted(range(len(rows)), key=lambda i: (group[i] < 0, group[i], i))
+    bm = b // num_micro
+    per: list[list[tuple[int, int]]] = []
+    slot_local: list[int] = []
+    for m in range(num_micro):
+        local: dict[int, int] = {}
+        for k in range(m * bm, (m + 1) * bm):
+            i = order[k] if k < len(order) else -1
+            key = group[i] if i >= 0 else -1
+            if key not in local:
+                local[key] = len(local)
+            slot_local.append(local[key])
+        per.append([(g, start[g]) if g >= 0 else (-1, 0) for g in local])
+    per_micro = 1 << (max(len(p) for p in per) - 1).bit_length()
+    per_micro = -(-per_micro // shards) * shards
+    prefixes: list[tuple[int, int]] = []
+    for p in per:
+        prefixes += p + [(-1, 0)] * (per_micro - len(p))
+    prefix_of_slot = [k // bm * per_micro + j for k, j in enumerate(slot_local)]
+    return order, prefixes, prefix_of_slot, per_micro
 
 
 def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
               min_bucket: int = 64, share_prefix: bool = False,
-              min_shared: int = 16) -> TrainBatch:
-    """Returns a TrainBatch [B, L] (numpy) from rows; B is padded to a multiple of num_micro
-    (padding rows have an all-zero mask) and L to a length bucket. targets[t] = tokens[t + 1]:
-    every per-token field of a row is shifted the same way.
+              min_shared: int = 16, shards: int = 1) -> TrainBatch:
+    """Returns a TrainBatch [B, L] (numpy) from rows; B is padded to a multiple of
+    num_micro * shards (padding rows have an all-zero mask; `shards`: how many ways the mesh
+    splits a batch) and L to a length bucket. targets[t] = tokens[t + 1]: every per-token
+    field of a row is shifted the same way.
 
-    share_prefix: rows that begin alike (a GRPO group's rollouts of one prompt) are packed into
-    one training row holding their common prefix once (segment `SHARED_SEGMENT`, attended by
-    every later token of the row) and then each row's remainder (segments 1, 2, ...; RoPE
-    positions continuing the prefix's). Each token sees exactly the context it has unpacked,
-    so log-probs and gradients are the same (up to float summation order) over fewer tokens:
-    the prompt is run once a group instead of once a rollout. Only where that pays (see
-    SHARED_MAX_FRACTION): otherwise the batch is the plain one. The loss must aggregate over
-    tokens (token_mean): a packed row holds several sequences."""
+    share_prefix: rows that begin alike (a GRPO group's rollouts of one prompt) hold their
+    common leading inputs once, as a prefix row (TrainBatch.prefix_*), and each row keeps only
+    its inputs after it: the trainer runs the prefix once and every row attends to its keys
+    and values (`models.qwen3.prefix_cache`). Each token sees exactly its unsplit context, so
+    log-probs and gradients are the same (up to float summation order) over fewer tokens.
+    The prefix ends before any row's first loss target, so rows and their losses stay whole
+    (any aggregation). Used only where it pays (PREFIX_MAX_FRACTION); otherwise the batch is
+    the plain one. Rows of a group are put next to each other (row order is not kept)."""
     if not rows:
         raise ValueError("pack_rows needs at least one row")
-    # Quarter-octave length buckets (_padded_shape): a batch of ~300-token rows pads to 320,
-    # not 512 (the trainer's forward and backward run over every padded position).
-    layout = [(0, [_Piece(i, 0, len(r.tokens) - 1)]) for i, r in enumerate(rows)]
-    b, length = _padded_shape(layout, min_bucket, num_micro)
+    unit = num_micro * shards
+    b = -(-len(rows) // unit) * unit
+    # Quarter-octave length buckets: a batch of ~300-token rows pads to 320, not 512 (the
+    # trainer's forward and backward run over every padded position).
+    def bucket(n, least=min_bucket):
+        return bucket_length(n, least, linear_above=512, per_octave=TRAIN_BUCKETS_PER_OCTAVE)
+
+    length = bucket(max(len(r.tokens) - 1 for r in rows))
+    order, start, prefix = list(range(len(rows))), [0] * len(rows), None
     if share_prefix:
-        longest = max(len(r.tokens) - 1 for r in rows)
-        shared = _shared_layout(rows, min_shared, SHARED_MAX_GROWTH * longest)
-        b2, l2 = _padded_shape(shared, min_bucket, num_micro, pow2=True)
-        if b2 * l2 <= SHARED_MAX_FRACTION * b * length and b2 * l2 * l2 <= b * length * length:
-            layout, b, length = shared, b2, l2
+        group, starts = _shared_starts(rows, min_shared)
+        if any(g >= 0 for g in group):
+            plan = _prefix_plan(rows, group, starts, b, num_micro, shards)
+            lp = bucket(max(starts), PREFIX_MIN_BUCKET)
+            lr = bucket(max(len(r.tokens) - 1 - s for r, s in zip(rows, starts)))
+            n_prefix = len(plan[1])
+            cost = (n_prefix * lp + b * lr
+                    + (n_prefix * lp * lp + b * lr * (lp + lr)) / PREFIX_PAIRS_PER_TOKEN)
+            plain = b * length + b * length * length / PREFIX_PAIRS_PER_TOKEN
+            if cost <= PREFIX_MAX_FRACTION * plain:
+                order, start, length = plan[0], starts, lr
+                prefix = (plan[1], plan[2], lp)
     out = {k: np.zeros((b, length), np.float32) for k in
            ("loss_mask", "advantages", "sample_logprobs")}
     tokens = np.full((b, length), pad_id, np.int32)
     targets = np.full((b, length), pad_id, np.int32)
     seg = np.zeros((b, length), np.int32)
     pos = np.zeros((b, length), np.int32)
-    for i, (s, pieces) in enumerate(layout):
-        at = 0
-        if s:  # the group's shared inputs and their (alike, loss-free) targets
-            t = np.asarray(rows[pieces[0].row].tokens, np.int32)
-            tokens[i, :s], targets[i, :s] = t[:s], t[1:s + 1]
-            seg[i, :s] = SHARED_SEGMENT
-            pos[i, :s] = np.arange(s)
-            at = s
-        for j, p in enumerate(pieces):
-            r = rows[p.row]
-            t = np.asarray(r.tokens, np.int32)
-            n = p.end - p.start
-            span = slice(at, at + n)
-            tokens[i, span], targets[i, span] = t[p.start:p.end], t[p.start + 1:p.end + 1]
-            seg[i, span] = j + 1
-            pos[i, span] = np.arange(p.start, p.end)
-            for k, field in (("loss_mask", r.policy_mask), ("advantages", r.advantages),
-                             ("sample_logprobs", r.sample_logprobs)):
-                out[k][i, span] = np.asarray(field, np.float32)[p.start + 1:p.end + 1]
-            at += n
+    for k, i in enumerate(order):
+        r, s = rows[i], start[i]
+        t = np.asarray(r.tokens, np.int32)
+        n = len(t) - 1 - s
+        tokens[k, :n], targets[k, :n] = t[s:-1], t[s + 1:]
+        seg[k, :n] = 1
+        pos[k, :n] = np.arange(s, s + n)
+        for name, field in (("loss_mask", r.policy_mask), ("advantages", r.advantages),
+                            ("sample_logprobs", r.sample_logprobs)):
+            out[name][k, :n] = np.asarray(field, np.float32)[s + 1:]
     zeros = np.zeros((b, length), np.float32)
-    return TrainBatch(tokens, targets, seg, pos, out["loss_mask"], out["advantages"],
-                      out["sample_logprobs"], zeros, zeros)
+    batch = TrainBatch(tokens, targets, seg, pos, out["loss_mask"], out["advantages"],
+                       out["sample_logprobs"], zeros, zeros)
+    if prefix is None:
+        return batch
+    prefixes, prefix_of_slot, lp = prefix
+    p_tokens = np.full((len(prefixes), lp), pad_id, np.int32)
+    p_seg = np.zeros((len(prefixes), lp), np.int32)
+    for j, (i, s) in enumerate(prefixes):
+        if i >= 0:
+            p_tokens[j, :s] = np.asarray(rows[i].tokens[:s], np.int32)
+            p_seg[j, :s] = 1
+    return batch._replace(prefix_tokens=p_tokens, prefix_segment_ids=p_seg,
+                          prefix_index=np.asarray(prefix_of_slot, np.int32))
 
 
 def global_batch(rows: Sequence[Row], pad_id: int, mesh: Mesh, num_micro: int = 1,
                  share_prefix: bool = False) -> TrainBatch:
     """Returns the global TrainBatch [sum of rows, L] on `mesh` from this process's rows (a
     process with none contributes one blank row); all processes agree on L (the max bucket)
-    and pad to the same row count (zero-mask rows)."""
-    local = pack_rows(list(rows) or [Row.blank(pad_id)], pad_id, num_micro,
-                      share_prefix=share_prefix)
-    return distributed.global_arrays(local, mesh, num_micro,
-                                     fills={"tokens": pad_id, "targets": pad_id})
+    and pad to the same row count (zero-mask rows). share_prefix (one process only): shared
+    prefixes as `pack_rows` lays them out, split over the mesh like the rows."""
+    rows = list(rows) or [Row.blank(pad_id)]
+    fills = {"tokens": pad_id, "targets": pad_id}
+    if not share_prefix:
+        return distributed.global_arrays(pack_rows(rows, pad_id, num_micro), mesh, num_micro,
+                                         fills=fills)
+    if jax.process_count() > 1:
+        raise ValueError("share_prefix (rl.share_prefix) lays out one process's rows; with "
+                         f"{jax.process_count()} processes set rl.share_prefix=False")
+    # Padded here to the mesh's shards, so the global batch keeps pack_rows's micro layout.
+    local = pack_rows(rows, pad_id, num_micro, share_prefix=True,
+                      shards=distributed.batch_shards(mesh))
+    batch = distributed.global_arrays(
+        local._replace(prefix_tokens=None, prefix_segment_ids=None, prefix_index=None),
+        mesh, num_micro, fills=fills)
+    if local.prefix_index is None:
+        return batch
+    return batch._replace(
+        prefix_tokens=jax.device_put(local.prefix_tokens, batch_sharding(mesh, 2)),
+        prefix_segment_ids=jax.device_put(local.prefix_segment_ids, batch_sharding(mesh, 2)),
+        prefix_index=jax.device_put(local.prefix_index, batch_sharding(mesh, 1)))

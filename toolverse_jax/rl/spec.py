@@ -114,7 +114,7 @@ class PhaseSpec:
     # set only where the loss has no KL or entropy term and no reference is scored
     # (RunSpec.from_config).
     skip_no_signal: bool = False
-    # Pack a group's rollouts behind one copy of their common prompt (token_mean losses only).
+    # Run a group's common prompt once in the update (rl/batching.py:pack_rows).
     share_prefix: bool = False
 
 
@@ -292,8 +292,7 @@ class RunSpec:
                        skip_no_signal=bool(r.skip_no_signal) and r.loss == "ppo_clip"
                        and r.kl_coef == 0 and r.entropy_coef == 0
                        and not bool(c.train.get("log_ref_kl", False)),
-                       share_prefix=bool(r.get("share_prefix", False))
-                       and r.aggregation == "token_mean")
+                       share_prefix=bool(r.get("share_prefix", False)))
         t = c.train
         m = c.model
         return cls(

@@ -77,9 +77,11 @@ def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainSt
 def score_logprobs(params, cfg: ModelConfig, batch: TrainBatch, temperature: float = 1.0,
                    backend: str = "auto"):
     """Returns (logprobs, entropy) [B, L] of the batch's targets under `params` (masked to 0)."""
+    prefix = None if batch.prefix_tokens is None else (
+        batch.prefix_tokens, batch.prefix_segment_ids, batch.prefix_index)
     return logprobs_of(params, cfg, batch.tokens, batch.targets, batch.positions,
                        batch.segment_ids, mask=(batch.segment_ids != 0).astype(jnp.float32),
-                       temperature=temperature, backend=backend)
+                       temperature=temperature, backend=backend, prefix=prefix)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "temperature", "backend"))
@@ -89,8 +91,16 @@ def score_jit(params, batch: TrainBatch, *, cfg: ModelConfig, temperature: float
 
 
 def _split_micro(batch: TrainBatch, num_micro: int) -> TrainBatch:
-    return jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]),
-                        batch)
+    """Returns the batch with a leading [num_micro] axis. Shared prefixes are laid out per
+    micro-batch (`pack_rows`): micro m holds prefix rows m * Pm.., and its rows' prefix_index
+    becomes local to them."""
+    micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]),
+                         batch)
+    if batch.prefix_index is None:
+        return micro
+    per_micro = batch.prefix_tokens.shape[0] // num_micro
+    first = (jnp.arange(num_micro, dtype=jnp.int32) * per_micro)[:, None]
+    return micro._replace(prefix_index=micro.prefix_index - first)
 
 
 def make_train_step(cfg: ModelConfig, loss_cfg: LossConfig,
@@ -169,12 +179,8 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     reference scored): the caller checks. At least one row is kept, so the optimizer still
     steps when none has a signal (Adam's moments then move the params as they would).
 
-    share_prefix: each minibatch packs rows that begin alike (a group's rollouts of one prompt)
-    behind one copy of their common prefix (`pack_rows`): the same update over fewer tokens.
-    Needs token_mean aggregation."""
-    if share_prefix and aggregation != "token_mean":
-        raise ValueError(f"ppo_update: share_prefix packs several rows into one; it needs "
-                         f"aggregation='token_mean', not {aggregation!r}")
+    share_prefix: rows that begin alike (a group's rollouts of one prompt) hold their common
+    leading inputs once per minibatch (`pack_rows`): the same update over fewer tokens."""
     if skip_no_signal and ref_params is not None:
         raise ValueError("ppo_update: skip_no_signal with a reference (KL) is not exact")
     if not score_old and (epochs > 1 or num_minibatches > 1):

@@ -41,7 +41,12 @@ class Row(NamedTuple):
 
 
 class TrainBatch(NamedTuple):
-    """Padded, right-aligned training rows. All [B, L]; targets[t] = tokens[t + 1]."""
+    """Padded, right-aligned training rows. All [B, L]; targets[t] = tokens[t + 1].
+
+    With shared prefixes (`pack_rows(share_prefix=True)`), row b's first inputs are held once
+    in prefix row prefix_index[b] and its fields start after them: prefix_tokens and
+    prefix_segment_ids are [P, Lp] (segment 1, 0 = padding; RoPE positions 0..), prefix_index
+    is [B] int32 into them, and each row's positions continue its prefix. None otherwise."""
 
     tokens: jax.Array          # int32 input ids
     targets: jax.Array         # int32 next-token ids
@@ -52,6 +57,9 @@ class TrainBatch(NamedTuple):
     sample_logprobs: jax.Array  # float32 log-prob of the target under the sampler
     old_logprobs: jax.Array    # float32 log-prob under the trainer's params before the update
     ref_logprobs: jax.Array    # float32 log-prob under the frozen reference
+    prefix_tokens: jax.Array | None = None       # int32 [P, Lp] shared leading inputs
+    prefix_segment_ids: jax.Array | None = None  # int32 [P, Lp], 1 = real, 0 = padding
+    prefix_index: jax.Array | None = None        # int32 [B], each row's prefix row
 
 
 TURN_KINDS = ("calls", "answer", "truncated")

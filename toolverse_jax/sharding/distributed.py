@@ -92,26 +92,32 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def batch_shards(mesh: Mesh) -> int:
+    """Returns how many shards the mesh splits a batch's rows into."""
+    spec = batch_sharding(mesh, 2).spec[0]
+    axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
 def global_arrays(local: Any, mesh: Mesh, row_multiple: int = 1,
                   fills: dict[str, Any] | None = None) -> Any:
     """Returns global arrays on `mesh`, batch-sharded on their leading axis, from this process's
-    NamedTuple `local` of [rows, length] numpy arrays. All processes agree on the length (the
+    NamedTuple `local` of [rows, length] numpy arrays (None fields stay None). All processes agree on the length (the
     max over processes) and pad to the same row count, a multiple of `row_multiple` and of this
     process's share of the batch shards; padding takes `fills[field]` (default 0)."""
     fields = type(local)._fields
-    length = _global_max(max(x.shape[1] for x in local))
-    spec = batch_sharding(mesh, 2).spec[0]
-    axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
-    shards = int(np.prod([mesh.shape[a] for a in axes]))
-    unit = row_multiple * max(1, shards // jax.process_count())
-    nrows = -(-_global_max(max(x.shape[0] for x in local)) // unit) * unit
+    present = [x for x in local if x is not None]
+    length = _global_max(max(x.shape[1] for x in present))
+    unit = row_multiple * max(1, batch_shards(mesh) // jax.process_count())
+    nrows = -(-_global_max(max(x.shape[0] for x in present)) // unit) * unit
     fills = fills or {}
 
     def pad(x, fill):
         return np.pad(np.asarray(x), ((0, nrows - x.shape[0]), (0, length - x.shape[1])),
                       constant_values=fill)
 
-    local = type(local)(*(pad(x, fills.get(f, 0)) for f, x in zip(fields, local)))
+    local = type(local)(*(None if x is None else pad(x, fills.get(f, 0))
+                          for f, x in zip(fields, local)))
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
         batch_sharding(mesh, x.ndim), x), local)
 
