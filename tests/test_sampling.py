@@ -174,3 +174,28 @@ def test_inverse_cdf_never_draws_filtered_ids():
         assert ids[0] in (1, 3) and ids[1] in (2, 4), (u, ids)
     for u in (top, 1.0):
         assert list(np.asarray(inverse_cdf(logits, jnp.full((2,), u, jnp.float32)))) == [3, 4]
+
+
+def test_repeated_prompts_prefill_once_and_sample_on_their_own(model):
+    """A GRPO group's prompt given G times is prefilled once (`distinct_contexts`): greedy
+    rows equal the full-forward reference, stop early as single rows do, and sampled rows of
+    one prompt are independent draws, not copies."""
+    from toolverse_jax.sampling.sampler import distinct_contexts
+    cfg, params = model
+    prompts = [[5, 9, 17, 3], [100, 2, 7, 7, 7, 250, 1]]
+    rep = [p for p in prompts for _ in range(3)]  # 6 rows -> a batch of 8
+    distinct, source = distinct_contexts(rep, 8)
+    assert distinct == [tuple(p) for p in prompts]
+    assert source.tolist()[:6] == [0, 0, 0, 1, 1, 1] and min(source[6:]) >= 2
+    assert distinct_contexts(prompts, 2) is None
+    sp = SamplingParams(max_new_tokens=8, stop_token_ids=(17,))
+    out = generate(params, cfg, rep, sp, jax.random.key(1))
+    for i, p in enumerate(rep):
+        one = generate(params, cfg, [p], sp, jax.random.key(1))
+        n = int(one.lengths[0])
+        assert out.tokens[i, :n].tolist() == one.tokens[0, :n].tolist()
+        assert int(out.lengths[i]) == n and bool(out.stopped[i]) == bool(one.stopped[0])
+        np.testing.assert_allclose(out.logprobs[i, :n], one.logprobs[0, :n], atol=1e-5)
+    hot = generate(params, cfg, [prompts[0]] * 8,
+                   SamplingParams(max_new_tokens=6, temperature=1.0), jax.random.key(2))
+    assert len({tuple(t) for t in hot.tokens.tolist()}) > 1

@@ -53,3 +53,26 @@ def test_sampled_logprobs_match_reprefill_and_unrelated_prompts_start_a_new_sess
     assert session.stats["sessions"] == 2
     with pytest.raises(ValueError, match="at least one token"):
         session.generate([[]], jax.random.key(0))
+
+
+def test_repeated_prompts_share_one_prefill_and_then_diverge(tiny):
+    """A new batch of repeated prompts (a GRPO group) prefills each once; the rows then grow
+    apart turn by turn and still equal re-prefilling each context (greedy)."""
+    cfg, params = tiny
+    sp = SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(5,))
+    rng = np.random.default_rng(3)
+    base = [rng.integers(3, cfg.vocab_size, 30).tolist() for _ in range(2)]
+    ctx = [list(base[i // 3]) for i in range(6)]
+    session = KVSession(params, cfg, sp)
+    for turn in range(3):
+        out = session.generate(ctx, jax.random.key(turn))
+        ref = generate(params, cfg, ctx, sp, jax.random.key(turn))
+        for r in range(6):
+            n = int(out.lengths[r])
+            assert n == int(ref.lengths[r])
+            assert out.tokens[r, :n].tolist() == ref.tokens[r, :n].tolist()
+            # each row gets its own env response: the group's contexts diverge
+            ctx[r] = ctx[r] + out.tokens[r, :n].tolist() + [3 + r, 4 + turn]
+        if turn == 0:  # two distinct prompts prefilled, not six
+            assert session.stats["prefill_tokens"] == 60
+    assert session.stats["sessions"] == 1

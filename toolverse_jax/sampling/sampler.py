@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from toolverse_jax.models.config import ModelConfig
-from toolverse_jax.models.qwen3 import forward, init_cache, unembedding_matrix
+from toolverse_jax.models.qwen3 import KVCache, forward, init_cache, unembedding_matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,17 +214,44 @@ def _prefill(params, cfg: ModelConfig, tokens, positions, seg, cache, chunk: int
     return last[-1], cache
 
 
+def _prefill_shared(params, cfg: ModelConfig, tokens, positions, seg, source, slots: int,
+                    chunk: int):
+    """Returns (hidden of the last token [b, d], cache [b rows], seg, positions [b, p]) for a
+    new batch whose rows continue the distinct contexts `tokens` [u, p]: row i reads context
+    source[i] (u or more: an empty row). Each context is prefilled once and its keys and
+    values are copied to the rows that read it."""
+    u = tokens.shape[0]
+    last, cache = _prefill(params, cfg, tokens, positions, seg,
+                           init_cache(cfg, u, slots), chunk)
+
+    def rows(x):  # out-of-range sources read zeros: segment 0, an empty row
+        return jnp.take(x, source, axis=0, mode="fill", fill_value=0)
+
+    cache = KVCache(tuple(map(rows, cache.k)), tuple(map(rows, cache.v)), rows(cache.seg),
+                    cache.index)
+    return rows(last), cache, rows(seg), rows(positions)
+
+
 def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConfig,
-                   sp: SamplingParams):
+                   sp: SamplingParams, source=None):
     """Returns (out_tokens, out_logprobs, lengths, stopped, cache): writes `tokens` [b, p]
     (left-padded, seg 0 = padding) into `cache` at cache.index, then decodes up to
     sp.max_new_tokens per row. A row whose seg is all 0 generates nothing. Decoded tokens are
     written to the cache with segment 1 while their row is live and 0 after it stopped, so the
-    cache can be extended again (multi-turn) without the junk after a stop being attended."""
-    b, _ = tokens.shape
+    cache can be extended again (multi-turn) without the junk after a stop being attended.
+
+    source: optional int [b] for a new batch (`cache` empty; only its shape is read):
+    `tokens`, `seg` and `positions` then hold [u, p] distinct contexts and row i continues
+    context source[i] (>= u: an empty row). Each context is prefilled once, not once per row
+    that samples from it (GRPO's G samples of one prompt)."""
     n = sp.max_new_tokens
     w = unembedding_matrix(params, cfg).astype(jnp.float32)
-    last, cache = _prefill(params, cfg, tokens, positions, seg, cache, sp.prefill_chunk)
+    if source is None:
+        last, cache = _prefill(params, cfg, tokens, positions, seg, cache, sp.prefill_chunk)
+    else:
+        last, cache, seg, positions = _prefill_shared(
+            params, cfg, tokens, positions, seg, source, cache.seg.shape[1], sp.prefill_chunk)
+    b = seg.shape[0]
     logits = last.astype(jnp.float32) @ w
     pos = positions[:, -1] + 1
     stops = StopTables.of(sp)
@@ -261,11 +288,31 @@ def prefill_decode(params, cache, tokens, seg, positions, rng, *, cfg: ModelConf
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sp"))
-def _generate_core(params, tokens, seg, rng, *, cfg: ModelConfig, sp: SamplingParams):
-    b, p = tokens.shape
+def _generate_core(params, tokens, seg, source, rng, *, cfg: ModelConfig, sp: SamplingParams):
+    p = tokens.shape[1]
+    b = tokens.shape[0] if source is None else source.shape[0]
     positions = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0).astype(jnp.int32)
-    cache = init_cache(cfg, b, p + sp.max_new_tokens)
-    return prefill_decode(params, cache, tokens, seg, positions, rng, cfg=cfg, sp=sp)[:4]
+    cache = init_cache(cfg, b, p + sp.max_new_tokens)  # unused (left out) when source is given
+    return prefill_decode(params, cache, tokens, seg, positions, rng, cfg=cfg, sp=sp,
+                          source=source)[:4]
+
+
+def distinct_contexts(contexts: Sequence[Sequence[int]], rows: int
+                      ) -> tuple[list[Sequence[int]], np.ndarray] | None:
+    """Returns (distinct contexts, source [rows]) when some of `contexts` repeat (row i < len
+    reads distinct[source[i]]; later rows read an empty row, index >= the distinct count),
+    else None."""
+    first: dict[tuple, int] = {}
+    source = np.full((rows,), len(contexts), np.int32)
+    for i, c in enumerate(contexts):
+        source[i] = first.setdefault(tuple(c), len(first))
+    if len(first) == len(contexts):
+        return None
+    distinct = [None] * len(first)
+    for c, j in first.items():
+        distinct[j] = c
+    source[len(contexts):] = 1 << (len(first) - 1).bit_length()  # past the padded distinct rows
+    return distinct, source
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, min_bucket: int = 32,
@@ -285,13 +332,21 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, min_bucket: int =
 
 def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], sp: SamplingParams,
              rng: jax.Array, min_bucket: int = 32) -> SampleOutput:
-    """Returns sampled continuations of `prompts` (lists of token ids, any lengths)."""
+    """Returns sampled continuations of `prompts` (lists of token ids, any lengths). A prompt
+    given several times (a GRPO group) is prefilled once; each row samples on its own."""
     tokens, seg = pad_prompts(prompts, sp.pad_id, min_bucket)
     if tokens.shape[1] + sp.max_new_tokens > cfg.max_seq_len:
         raise ValueError(
             f"prompt bucket {tokens.shape[1]} + max_new_tokens {sp.max_new_tokens} exceeds "
             f"ModelConfig.max_seq_len={cfg.max_seq_len}")
-    out = _generate_core(params, jnp.asarray(tokens), jnp.asarray(seg), rng, cfg=cfg, sp=sp)
+    source = None
+    shared = distinct_contexts(prompts, tokens.shape[0])
+    if shared is not None:
+        distinct, source = shared
+        tokens, seg = pad_prompts(distinct, sp.pad_id, min_bucket)
+        source = jnp.asarray(source)
+    out = _generate_core(params, jnp.asarray(tokens), jnp.asarray(seg), source, rng, cfg=cfg,
+                         sp=sp)
     k = len(prompts)
     tok, lp, lengths, stopped = (np.asarray(x)[:k] for x in out)
     return SampleOutput(tok, lp, lengths, stopped)

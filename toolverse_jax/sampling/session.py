@@ -29,13 +29,14 @@ import numpy as np
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.models.qwen3 import KVCache, init_cache
 from toolverse_jax.sampling.sampler import (SampleOutput, SamplingParams, bucket_length,
-                                            prefill_decode)
+                                            distinct_contexts, prefill_decode)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sp"), donate_argnums=(1,))
-def _extend(params, cache, tokens, seg, positions, rng, *, cfg: ModelConfig,
+def _extend(params, cache, tokens, seg, positions, rng, source=None, *, cfg: ModelConfig,
             sp: SamplingParams):
-    return prefill_decode(params, cache, tokens, seg, positions, rng, cfg=cfg, sp=sp)
+    return prefill_decode(params, cache, tokens, seg, positions, rng, cfg=cfg, sp=sp,
+                          source=source)
 
 
 @functools.partial(jax.jit, static_argnames=("slots",))
@@ -124,7 +125,8 @@ class KVSession:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("KVSession.generate: every prompt needs at least one token")
         rows = self._match(prompts)
-        if rows is None:
+        new = rows is None
+        if new:
             rows = self._new_session(prompts)
         b = len(self.rows)
         suffixes = [list(p[len(self.rows[r]):]) for p, r in zip(prompts, rows)]
@@ -136,24 +138,34 @@ class KVSession:
         slots = self.cache.seg.shape[1]
         if int(self.cache.index) + width + n > slots:
             self._compact_to(width + n)
-        tokens = np.full((b, width), self.sp.pad_id, np.int32)
-        seg = np.zeros((b, width), np.int32)
-        pos = np.zeros((b, width), np.int32)
-        for s, r in zip(suffixes, rows):
-            tokens[r, width - len(s):] = s
-            seg[r, width - len(s):] = 1
-            start = len(self.rows[r])
-            pos[r, width - len(s):] = np.arange(start, start + len(s))
+        # A new batch whose prompts repeat (a GRPO group's) prefills each distinct one once:
+        # `tokens` then holds the distinct prompts and `source` maps cache rows to them.
+        shared = distinct_contexts(suffixes, b) if new else None
+        fill, source = list(zip(suffixes, rows)), None
+        height = b
+        if shared is not None:
+            distinct, source = shared
+            fill = [(d, j) for j, d in enumerate(distinct)]
+            height = 1 << (len(distinct) - 1).bit_length()
+            source = jnp.asarray(source)
+        tokens = np.full((height, width), self.sp.pad_id, np.int32)
+        seg = np.zeros((height, width), np.int32)
+        pos = np.zeros((height, width), np.int32)
+        for sfx, r in fill:
+            tokens[r, width - len(sfx):] = sfx
+            seg[r, width - len(sfx):] = 1
+            start = 0 if shared is not None else len(self.rows[r])
+            pos[r, width - len(sfx):] = np.arange(start, start + len(sfx))
             # Padding ahead of a suffix: positions just below it (masked; keeps RoPE finite).
-            pos[r, :width - len(s)] = max(start - 1, 0)
-            self.stats["prefill_tokens"] += len(s)
+            pos[r, :width - len(sfx)] = max(start - 1, 0)
+            self.stats["prefill_tokens"] += len(sfx)
             self.stats["reused_tokens"] += start
         if int(pos.max()) + n >= self.cfg.max_seq_len:
             raise ValueError(f"context of {int(pos.max()) + 1} tokens + max_new_tokens {n} "
                              f"exceeds ModelConfig.max_seq_len={self.cfg.max_seq_len}")
         out_tok, out_lp, lengths, stopped, self.cache = _extend(
             self.params, self.cache, jnp.asarray(tokens), jnp.asarray(seg), jnp.asarray(pos),
-            rng, cfg=self.cfg, sp=self.sp)
+            rng, source, cfg=self.cfg, sp=self.sp)
         out_tok, out_lp, lengths, stopped = (np.asarray(x) for x in
                                              (out_tok, out_lp, lengths, stopped))
         for p, r in zip(prompts, rows):
