@@ -13,9 +13,10 @@ fixed length (min_new_tokens = max_new_tokens; our sampler gets no stop ids) so 
 same work. TRL needs `pip install trl` (it is not a test dependency); without it the baseline is
 recorded as skipped with the reason.
 
-Ours runs as our RL loop does by default: one row per completion, as TRL (`--share-prefix`
-packs each prompt's G completions behind one copy of the prompt, `rl.share_prefix`, where that
-shrinks the batch; at these shapes it does not). It is split into rollout
+Ours runs as our RL loop does: the sampler prefills each distinct prompt once and copies its
+KV cache to the prompt's G rows (`sampling.generate`); `--share-prefix` also runs each prompt
+once in the update (`rl.share_prefix`: the prompt is a shared prefix whose keys and values the
+G rows attend to; same loss and gradient). It is split into rollout
 (jitted KV-cache sampler), scoring (the trainer's log-probs of the sampled tokens before the
 update = PPO's old log-probs) and update (the jitted train step). TRL with one update per
 generation takes the old log-probs from the same forward as the loss, so
@@ -260,8 +261,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--share-prefix", action="store_true",
-                   help="pack each prompt's G completions behind one copy of the prompt "
-                        "(rl.share_prefix; it packs only where that shrinks the batch)")
+                   help="run each prompt once in the update, as a shared prefix of its G "
+                        "rows (rl.share_prefix; used where it cuts the batch's cost)")
     p.add_argument("--quick", action="store_true",
                    help="d=128, 2 prompts x 4 completions, 16 + 16 tokens, 3 steps")
     a = p.parse_args(argv)
