@@ -14,9 +14,10 @@ same work. TRL needs `pip install trl` (it is not a test dependency); without it
 recorded as skipped with the reason.
 
 Ours runs as our RL loop does: the sampler prefills each distinct prompt once and copies its
-KV cache to the prompt's G rows (`sampling.generate`); `--share-prefix` also runs each prompt
-once in the update (`rl.share_prefix`: the prompt is a shared prefix whose keys and values the
-G rows attend to; same loss and gradient). It is split into rollout
+KV cache to the prompt's G rows (`sampling.generate`). Ours runs twice: as the RL loop's
+default (`ours`), and with `rl.share_prefix` (`ours_share_prefix`: the update runs each prompt
+once, as a shared prefix whose keys and values the G rows attend to; same loss and gradient).
+Each is split into rollout
 (jitted KV-cache sampler), scoring (the trainer's log-probs of the sampled tokens before the
 update = PPO's old log-probs) and update (the jitted train step). TRL with one update per
 generation takes the old log-probs from the same forward as the loss, so
@@ -102,8 +103,9 @@ def build_models(a: argparse.Namespace, tmp: str):
     return tok, hf_tok, hf, ours_cfg, params
 
 
-def bench_ours(a, tok, cfg, params, prompts: list[str]) -> dict:
-    """Returns our per-step times (rollout / scoring / update) over a.steps GRPO steps."""
+def bench_ours(a, tok, cfg, params, prompts: list[str], share_prefix: bool) -> dict:
+    """Returns our per-step times (rollout / scoring / update) over a.steps GRPO steps;
+    share_prefix: the update runs each prompt once (rl.share_prefix)."""
     import jax
     import jax.numpy as jnp
 
@@ -138,7 +140,7 @@ def bench_ours(a, tok, cfg, params, prompts: list[str]) -> dict:
             rows.append(Row(p + comp, [0] * len(p) + [1] * n,
                             [0.0] * len(p) + [float(A)] * n,
                             [0.0] * len(p) + list(map(float, lp[:n]))))
-        batch = pack_rows(rows, tok.pad_id, share_prefix=a.share_prefix)
+        batch = pack_rows(rows, tok.pad_id, share_prefix=share_prefix)
         t1 = time.perf_counter()
         old, _ = score_jit(state.params, batch, cfg=cfg)
         old = jax.block_until_ready(old)
@@ -149,7 +151,8 @@ def bench_ours(a, tok, cfg, params, prompts: list[str]) -> dict:
         for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
             times[k].append(v)
         rewards_mean.append(float(rewards.mean()))
-        _log(f"ours step {s}: rollout {t1 - t0:.3f} s, scoring {t2 - t1:.3f} s, "
+        _log(f"ours{' share_prefix' if share_prefix else ''} step {s}: "
+             f"rollout {t1 - t0:.3f} s, scoring {t2 - t1:.3f} s, "
              f"update {t3 - t2:.3f} s, loss {float(m['loss']):.4f}")
     med = {k: float(np.median(v[1:])) for k, v in times.items()}
     return {**{k: round(v, 4) for k, v in med.items()},
@@ -217,7 +220,8 @@ def run(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tok, hf_tok, hf, cfg, params = build_models(a, tmp)
         prompts = fixed_length_prompts(tok, a.prompts * a.steps, a.prompt_len)
-        ours = bench_ours(a, tok, cfg, params, prompts)
+        ours = bench_ours(a, tok, cfg, params, prompts, share_prefix=False)
+        ours_sp = bench_ours(a, tok, cfg, params, prompts, share_prefix=True)
         try:
             import torch
             import trl
@@ -227,16 +231,18 @@ def run(a: argparse.Namespace) -> dict:
             torch.set_num_threads(threads)
             theirs, version = bench_trl(a, hf_tok, hf, prompts), trl.__version__
     ours["tokens_per_step"] = float(a.prompts * a.group * (a.prompt_len + a.new_tokens))
-    rec = {"benchmark": "grpo_trl", "ours": ours, "trl": theirs}
+    ours_sp["tokens_per_step"] = ours["tokens_per_step"]
+    rec = {"benchmark": "grpo_trl", "ours": ours, "ours_share_prefix": ours_sp, "trl": theirs}
     if "step_s" in theirs:
         rec["speedup_vs_trl"] = round(theirs["step_s"] / ours["step_no_scoring_s"], 3)
         rec["speedup_vs_trl_with_scoring"] = round(theirs["step_s"] / ours["step_s"], 3)
+        rec["speedup_vs_trl_share_prefix"] = round(
+            theirs["step_s"] / ours_sp["step_no_scoring_s"], 3)
     rec["config"] = {"layers": a.layers, "d_model": a.d_model, "heads": a.heads,
                      "kv_heads": a.kv_heads, "head_dim": a.head_dim, "mlp_dim": a.mlp_dim,
                      "vocab": int(cfg.vocab_size), "prompts": a.prompts, "group": a.group,
                      "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "steps": a.steps, "lr": a.lr,
-                     "dtype": "float32", "loss": "ppo_clip token-mean (TRL dapo), beta 0",
-                     "share_prefix": a.share_prefix}
+                     "dtype": "float32", "loss": "ppo_clip token-mean (TRL dapo), beta 0"}
     rec["versions"] = {"jax": jax.__version__, "trl": version}
     rec["threads"] = threads
     rec["loadavg"] = [round(x, 2) for x in os.getloadavg()]
@@ -260,9 +266,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5, help="GRPO steps per side (first excluded)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--share-prefix", action="store_true",
-                   help="run each prompt once in the update, as a shared prefix of its G "
-                        "rows (rl.share_prefix; used where it cuts the batch's cost)")
     p.add_argument("--quick", action="store_true",
                    help="d=128, 2 prompts x 4 completions, 16 + 16 tokens, 3 steps")
     a = p.parse_args(argv)

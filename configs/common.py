@@ -90,6 +90,10 @@ def _base(method: str) -> ConfigDict:
     c.train.checkpoint_every = 10
     c.train.keep_checkpoints = 2
     c.train.progress = True
+    # Compiled programs persist here across runs (JAX's compilation cache): a rerun, another
+    # seed or a sweep point skips the train step's compiles of the shapes already seen (the
+    # quickstart compiles ~20 batch shapes in its RL phase). "" = off.
+    c.train.compilation_cache_dir = "~/.cache/toolverse_jax/jax_cache"
     return c
 
 

@@ -84,3 +84,27 @@ def test_sft_schedule_is_read(schedule, end_ratio):
     c.sft.schedule = "linear"
     with pytest.raises(ValueError, match="schedule"):
         RunSpec.from_config(c)
+
+
+def test_compilation_cache_dir_is_read_and_set(tmp_path, monkeypatch):
+    """train.compilation_cache_dir reaches JAX's persistent cache (an env var wins; "" = off)."""
+    import os
+    import jax
+    from configs.quickstart import get_config
+    from toolverse_jax.rl.driver import use_compilation_cache
+    from toolverse_jax.rl.spec import RunSpec
+    c = get_config()
+    assert RunSpec.from_config(c).compilation_cache_dir == os.path.expanduser(
+        "~/.cache/toolverse_jax/jax_cache")
+    c.train.compilation_cache_dir = ""
+    assert RunSpec.from_config(c).compilation_cache_dir == ""
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        use_compilation_cache(str(tmp_path / "env_wins"))  # conftest sets the env var
+        assert jax.config.jax_compilation_cache_dir == before
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+        use_compilation_cache(str(tmp_path / "cache"))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
+        assert (tmp_path / "cache").is_dir()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

@@ -128,10 +128,22 @@ def record_config(config: ConfigDict, workdir: str) -> None:
                             "config": json.loads(text)}, sort_keys=True) + "\n")
 
 
+def use_compilation_cache(path: str) -> None:
+    """Points JAX's persistent compilation cache at `path` ("" leaves JAX's setting alone);
+    programs that took at least half a second to compile are kept. An environment's
+    JAX_COMPILATION_CACHE_DIR wins."""
+    if not path or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 def run(spec: RunSpec, workdir: str) -> dict:
     """Runs (or resumes) `spec` in `workdir`; returns the summary dict (process 0) or
     {"final_step", "process_index"} (other processes)."""
     nproc = distributed.initialize(spec.distributed)
+    use_compilation_cache(spec.compilation_cache_dir)
     pid = jax.process_index()
     lead = pid == 0
     os.makedirs(workdir, exist_ok=True)

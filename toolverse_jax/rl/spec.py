@@ -11,6 +11,7 @@ ToolVerse / TRACE runs, `memory` for Memory-R2). Everything downstream takes the
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import optax
@@ -247,6 +248,7 @@ class RunSpec:
     num_micro: int
     progress: bool
     distributed: dict | None        # sharding.distributed.initialize's settings (None = env)
+    compilation_cache_dir: str = ""  # JAX's persistent compilation cache ("" = off)
     tool_use: ToolUseSpec | None = None
     memory: MemorySpec | None = None
 
@@ -309,6 +311,7 @@ class RunSpec:
                               bool(t.eval_at_start)),
             num_micro=int(t.num_micro), progress=bool(t.progress),
             distributed=dict(c.distributed) if "distributed" in c else None,
+            compilation_cache_dir=os.path.expanduser(str(t.get("compilation_cache_dir", ""))),
             tool_use=_tool_use(c) if c.method == "toolverse" else None,
             memory=_memory(c) if c.method == "memory_r2" else None)
 
