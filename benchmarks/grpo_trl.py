@@ -117,7 +117,8 @@ def bench_ours(a, tok, cfg, params, prompts: list[str], share_prefix: bool) -> d
     from toolverse_jax.sampling import SamplingParams, generate
 
     opt = make_optimizer(a.lr, 1, a.steps)
-    state = init_train_state(params, opt)
+    # A copy: the train step donates its state, and each run starts from the same weights.
+    state = init_train_state(jax.tree.map(jnp.copy, params), opt)
     step_fn = make_train_step(cfg, LossConfig(name="ppo_clip", aggregation="token_mean"), opt)
     sp = SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0, stop_token_ids=(),
                         pad_id=tok.pad_id)
