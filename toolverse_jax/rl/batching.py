@@ -141,10 +141,11 @@ def _shared_starts(rows: Sequence[Row], min_shared: int) -> tuple[list[int], lis
 
 
 def _prefix_plan(rows: Sequence[Row], group: list[int], start: list[int], b: int,
-                 num_micro: int, shards: int) -> tuple[list[int], list[tuple[int, int]], list[int], int]:
-    """Returns (order, prefixes, prefix_of_slot, per_micro): batch slot k holds rows[order[k]]
+                 num_micro: int, shards: int
+                 ) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+    """Returns (order, prefixes, prefix_of_slot): batch slot k holds rows[order[k]]
     (slots past len(rows) are padding); rows of a group sit together; micro-batch m's slots
-    read prefix rows m * per_micro.. (per_micro the same for every micro: a power of two, or
+    reads prefix rows m * per_micro.. (per_micro the same for every micro: a power of two, or
     a multiple of `shards` where that is more, as the mesh splits a micro-batch's prefixes);
     prefixes[p] = (row whose tokens it copies, shared input count; (-1, 0) = blank, for rows
     that share nothing and for padding)."""
@@ -167,7 +168,7 @@ def _prefix_plan(rows: Sequence[Row], group: list[int], start: list[int], b: int
     for p in per:
         prefixes += p + [(-1, 0)] * (per_micro - len(p))
     prefix_of_slot = [k // bm * per_micro + j for k, j in enumerate(slot_local)]
-    return order, prefixes, prefix_of_slot, per_micro
+    return order, prefixes, prefix_of_slot
 
 
 def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
@@ -200,16 +201,17 @@ def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
     if share_prefix:
         group, starts = _shared_starts(rows, min_shared)
         if any(g >= 0 for g in group):
-            plan = _prefix_plan(rows, group, starts, b, num_micro, shards)
+            order_p, prefixes, prefix_of_slot = _prefix_plan(rows, group, starts, b,
+                                                             num_micro, shards)
             lp = bucket(max(starts), PREFIX_MIN_BUCKET)
             lr = bucket(max(len(r.tokens) - 1 - s for r, s in zip(rows, starts)))
-            n_prefix = len(plan[1])
+            n_prefix = len(prefixes)
             cost = (n_prefix * lp + b * lr
                     + (n_prefix * lp * lp + b * lr * (lp + lr)) / PREFIX_PAIRS_PER_TOKEN)
             plain = b * length + b * length * length / PREFIX_PAIRS_PER_TOKEN
             if cost <= PREFIX_MAX_FRACTION * plain:
-                order, start, length = plan[0], starts, lr
-                prefix = (plan[1], plan[2], lp)
+                order, start, length = order_p, starts, lr
+                prefix = (prefixes, prefix_of_slot, lp)
     out = {k: np.zeros((b, length), np.float32) for k in
            ("loss_mask", "advantages", "sample_logprobs")}
     tokens = np.full((b, length), pad_id, np.int32)
