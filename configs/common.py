@@ -63,12 +63,11 @@ def _base(method: str) -> ConfigDict:
     # forward/backward; the gradient is rescaled to the full batch's normalizer, so the update
     # is the same. Applies to ppo_clip without KL or entropy terms (else every row is used).
     c.rl.skip_no_signal = True
-    # Pack each group's rollouts behind one copy of their common prompt in the update: every
-    # token sees the context it has unpacked (same loss and gradient), and the prompt runs once
-    # a group instead of once a rollout. token_mean aggregation only (off under seq_mean). Off:
-    # on the quickstart (40 RL steps from one warm start) the median update read 1.51 s with it
-    # and 1.31 s without; it pays where prompts are long and completions short (tiny-model
-    # train step at 300 / ~60 tokens: 265 -> 191 ms), and attention is dense over a packed row.
+    # Run each group's common prompt once in the update, as a shared prefix whose keys and
+    # values the group's rows attend to (rl/batching.py:pack_rows; same loss and gradient, any
+    # aggregation). Off: on the quickstart, where rows are mostly not prompt, the median update
+    # read 0.87 s with it and 0.89 s without, and its extra shapes doubled the train-step
+    # compiles; at 32-token prompts with 64-token completions it cut the update ~30%.
     c.rl.share_prefix = False
     c.rl.ppo_epochs = 1             # passes over each rollout batch
     c.rl.num_minibatches = 1        # updates per pass (rows shuffled into this many minibatches)
