@@ -102,9 +102,10 @@ def batch_shards(mesh: Mesh) -> int:
 def global_arrays(local: Any, mesh: Mesh, row_multiple: int = 1,
                   fills: dict[str, Any] | None = None) -> Any:
     """Returns global arrays on `mesh`, batch-sharded on their leading axis, from this process's
-    NamedTuple `local` of [rows, length] numpy arrays (None fields stay None). All processes agree on the length (the
-    max over processes) and pad to the same row count, a multiple of `row_multiple` and of this
-    process's share of the batch shards; padding takes `fills[field]` (default 0)."""
+    NamedTuple `local` of [rows, length] numpy arrays (None fields stay None). All processes
+    agree on the length (the max over processes) and pad to the same row count, a multiple of
+    `row_multiple` and of this process's share of the batch shards; padding takes
+    `fills[field]` (default 0)."""
     fields = type(local)._fields
     present = [x for x in local if x is not None]
     length = _global_max(max(x.shape[1] for x in present))
