@@ -178,3 +178,32 @@ def test_logprobs_of_matches_log_softmax_of_logits():
     ref_ent = -jnp.sum(jnp.exp(full) * full, axis=-1) * mask
     np.testing.assert_allclose(np.asarray(lp), np.asarray(ref), atol=1e-5)
     np.testing.assert_allclose(np.asarray(ent), np.asarray(ref_ent), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_swiglu_backward_matches_autodiff(dtype, tol):
+    """The MLP's written-out backward (`qwen3.swiglu`) equals autodiff of its plain expression,
+    for the input and all three weights."""
+    from toolverse_jax.models.qwen3 import swiglu
+    ks = jax.random.split(jax.random.key(3), 5)
+    x = jax.random.normal(ks[0], (3, 7, 16), dtype)
+    wg, wu = (jax.random.normal(k, (16, 24), dtype) * 0.5 for k in ks[1:3])
+    wd = jax.random.normal(ks[3], (24, 16), dtype) * 0.5
+    ct = jax.random.normal(ks[4], (3, 7, 16), dtype)
+
+    def plain(x, wg, wu, wd):
+        return (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
+
+    def loss(f):
+        return lambda *a: jnp.sum((f(*a) * ct).astype(jnp.float32))
+
+    args = (x, wg, wu, wd)
+    np.testing.assert_array_equal(np.asarray(swiglu(*args), np.float32),
+                                  np.asarray(plain(*args), np.float32))
+    got = jax.grad(loss(swiglu), argnums=(0, 1, 2, 3))(*args)
+    want = jax.grad(loss(plain), argnums=(0, 1, 2, 3))(*args)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        scale = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   atol=tol * scale, rtol=0)
