@@ -193,6 +193,23 @@ def test_statuses_in_process(local_pool):
     local_pool.close([ep])
 
 
+def test_observations_name_no_episode_id(catalog):
+    """What the agent reads back is the same in two pools (episode ids are random): an id in an
+    observation made seeded rollouts differ from run to run."""
+    contents = []
+    for _ in range(2):
+        with EnvPool(catalog, num_workers=0, call_timeout_s=5.0) as pool:
+            (ep,) = pool.reset([EpisodeSpec(("notes", "calendar"), seed=3)])
+            obs = pool.step([(ep, "create_event_x", {}), (ep, "list_notes", {"bad": 1})])
+            pool.close([ep])
+            closed = pool.step([(ep, "list_notes", {})])
+            assert all(ep.id not in o.content for o in obs + closed)
+            contents.append([(o.status, o.content) for o in obs + closed])
+    assert contents[0] == contents[1]
+    assert contents[0][0][0] == "invalid_call" and "no tool 'create_event_x'" in contents[0][0][1]
+    assert contents[0][2][0] == "invalid_call"
+
+
 # ----------------------------------------------------------------------------- synthesizer
 
 def test_infer_ops():

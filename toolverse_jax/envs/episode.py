@@ -55,12 +55,14 @@ class Episode:
     worker: int = 0
 
     def resolve(self, name: str) -> tuple[str, str]:
-        """Returns (server, tool) for an agent-facing tool name; KeyError names the valid ones."""
+        """Returns (server, tool) for an agent-facing tool name; KeyError names the valid ones.
+        The message is the agent's observation, so it names no episode id: the ids are random,
+        and an id in the context would make a seeded rollout differ from run to run."""
         if name in self.names:
             return self.names[name]
         hint = [n for n in self.names if n.endswith("." + name)]
         extra = f"; it is ambiguous, use one of {hint}" if hint else ""
-        raise KeyError(f"episode {self.id} has no tool {name!r}{extra}; tools: {sorted(self.names)[:40]}")
+        raise KeyError(f"no tool {name!r} in this episode{extra}; tools: {sorted(self.names)[:40]}")
 
     def __hash__(self):
         return hash(self.id)

@@ -234,7 +234,7 @@ class EnvPool:
         per: dict[int, list] = {}
         for i, (ep, name, args) in enumerate(calls):
             if ep.id not in self._live:
-                out[i] = Observation("invalid_call", f"episode {ep.id} is closed", None,
+                out[i] = Observation("invalid_call", "this episode is closed", None,
                                      {"valid": False, "executed": False, "latency_s": 0.0})
                 continue
             try:

@@ -215,7 +215,7 @@ class WorkerCore:
 
         ep = self.eps.get(eid)
         if ep is None:
-            return obs("invalid_call", f"episode {eid!r} is not open on this pool (closed or never reset)", valid=False)
+            return obs("invalid_call", "this episode is not open on this pool (closed or never reset)", valid=False)
         if server not in ep.conns and not ep.failed:
             return obs("invalid_call", f"server {server!r} is not part of episode {eid}; servers: {list(ep.servers)}",
                        valid=False)
