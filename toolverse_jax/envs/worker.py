@@ -215,10 +215,11 @@ class WorkerCore:
 
         ep = self.eps.get(eid)
         if ep is None:
-            return obs("invalid_call", "this episode is not open on this pool (closed or never reset)", valid=False)
-        if server not in ep.conns and not ep.failed:
-            return obs("invalid_call", f"server {server!r} is not part of this episode; servers: {list(ep.servers)}",
+            return obs("invalid_call", "this episode is not open on this pool (closed or never reset)",
                        valid=False)
+        if server not in ep.conns and not ep.failed:
+            return obs("invalid_call", f"server {server!r} is not part of this episode; "
+                                       f"servers: {list(ep.servers)}", valid=False)
         spec = self._tool_specs(server).get(tool) if server in ep.servers else None
         if spec is None:
             return obs("invalid_call", f"server {server!r} has no tool {tool!r}; tools: "
