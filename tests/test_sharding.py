@@ -17,8 +17,8 @@ cfg = get_preset("tiny")
 params = init_params(cfg, jax.random.key(0))
 tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, cfg.vocab_size)
 loss = lambda p, t: jnp.mean(jax.nn.log_softmax(logits(p, cfg, t))[..., 0])
-ref = logits(params, cfg, tokens)
-ref_grad = jax.grad(loss)(params, tokens)
+ref = jax.jit(lambda p, t: logits(p, cfg, t))(params, tokens)  # one device; jitted, not eager
+ref_grad = jax.jit(jax.grad(loss))(params, tokens)
 for shape in [(8, 1, 1), (2, 2, 2), (1, 2, 4)]:
     mesh = make_mesh(shape)
     with sharding_context(mesh):
@@ -65,7 +65,7 @@ def step(p, s, t):
     l, g = jax.value_and_grad(loss)(p, t)
     u, s = opt.update(g, s, p)
     return optax.apply_updates(p, u), s, l, g
-ref_p, _, ref_l, ref_g = step(params, opt.init(params), tokens)
+ref_p, _, ref_l, ref_g = jax.jit(step)(params, opt.init(params), tokens)  # one device
 for shape in [(2, 1, 4), (1, 2, 4), (2, 2, 2)]:
     mesh = make_mesh(shape)
     with sharding_context(mesh):
