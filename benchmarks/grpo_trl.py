@@ -18,11 +18,11 @@ KV cache to the prompt's G rows (`sampling.generate`). Ours runs twice: as the R
 default (`ours`), and with `rl.share_prefix` (`ours_share_prefix`: the update runs each prompt
 once, as a shared prefix whose keys and values the G rows attend to; same loss and gradient).
 Each is split into rollout (jitted KV-cache sampler), scoring (the trainer's log-probs of the
-sampled tokens before the update = PPO's old log-probs) and update (the jitted train step). TRL with one update per
-generation takes the old log-probs from the same forward as the loss, so
-`ours_step_no_scoring_s` is the like-for-like figure. Medians over the steps after
-the first (compile / warm-up); ours and TRL run one after the other in one process, torch with as
-many threads as XLA's CPU client.
+sampled tokens before the update = PPO's old log-probs) and update (the jitted train step).
+TRL with one update per generation takes the old log-probs from the same forward as the loss,
+so `ours_step_no_scoring_s` is the like-for-like figure. Medians over the steps after the first
+(compile / warm-up); ours and TRL run one after the other in one process, torch with as many
+threads as XLA's CPU client.
 """
 
 from __future__ import annotations
