@@ -174,3 +174,29 @@ def test_registry_adapters_and_errors():
         return jnp.zeros(batch.turn_mask.shape)
 
     assert registry.get_advantage("test_zero") is zero
+
+
+def test_jitted_advantage_matches_eager_and_is_cached():
+    b = registry.AdvantageInputs(
+        rewards=jnp.array([1.0, 0.0, 0.5]), group_ids=jnp.array([0, 0, 0]),
+        valid=jnp.array([True, True, True]),
+        turn_mask=jnp.array([[True, False], [True, True], [True, True]]),
+        turn_rewards=jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+    for name, consts in (("grpo", {}), ("turn_aware", {"outcome_coef": 0.5, "lam": 0.25})):
+        f = registry.jitted_advantage(name, consts)
+        assert f is registry.jitted_advantage(name, dict(reversed(consts.items())))
+        np.testing.assert_allclose(f(b), registry.get_advantage(name)(b, consts), rtol=1e-6)
+    # Other constants are another program (they are baked into it).
+    lam_a = registry.jitted_advantage("turn_aware", {"lam": 0.0})(b)
+    lam_b = registry.jitted_advantage("turn_aware", {"lam": 1.0})(b)
+    assert not np.allclose(lam_a, lam_b)
+    with pytest.raises(ValueError, match="readiness"):
+        registry.jitted_advantage("trace", {})(b)
+
+    @registry.register_advantage("test_list_const")
+    def first_weight(batch, cfg):
+        return jnp.where(batch.turn_mask, cfg["w"][0], 0.0)
+
+    # An unhashable constant runs eagerly, with the same result.
+    out = registry.jitted_advantage("test_list_const", {"w": [2.0]})(b)
+    np.testing.assert_allclose(out, np.where(np.asarray(b.turn_mask), 2.0, 0.0))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from toolverse_jax.rl.registry import AdvantageInputs, get_advantage
+from toolverse_jax.rl.registry import AdvantageInputs, jitted_advantage
 from toolverse_jax.rl.types import Row, TrainBatch, Trajectory
 from toolverse_jax.sampling import bucket_length
 from toolverse_jax.sharding import distributed
@@ -66,8 +66,8 @@ def compute_advantages(trajs: Sequence[Trajectory], estimator: str, consts: dict
     """Returns per-turn advantages [B, num_turns] from the estimator registered as `estimator`
     (turns absent from a rollout are 0). Rollouts whose episode failed for infrastructure
     reasons get 0 and stay out of their group's statistics."""
-    fn = get_advantage(estimator)
-    return np.asarray(fn(advantage_inputs(trajs, num_turns, readiness), consts))
+    fn = jitted_advantage(estimator, consts)
+    return np.asarray(fn(advantage_inputs(trajs, num_turns, readiness)))
 
 
 def demonstration_row(tokens: Sequence[int], policy_mask: Sequence[bool]) -> Row:
