@@ -137,10 +137,11 @@ def headline(rec: dict) -> tuple[str, str, str]:
                  f"update {_fmt(o['update_s'])}; + old-logprob scoring {_fmt(o['scoring_s'])})")
         if "step_s" not in t:
             return cells, f"TRL skipped: {t.get('skipped', '?')}", ""
-        sp = r.get("ours_share_prefix")
-        if sp:
-            cells += (f"; rl.share_prefix {_fmt(sp['step_no_scoring_s'])} s/step (update "
-                      f"{_fmt(sp['update_s'])}, {_fmt(r['speedup_vs_trl_share_prefix'])}x TRL)")
+        plain = r.get("ours_plain")
+        if plain:
+            cells += (f"; rl.share_prefix=False {_fmt(plain['step_no_scoring_s'])} s/step "
+                      f"(update {_fmt(plain['update_s'])}, {_fmt(r['speedup_vs_trl_plain'])}x "
+                      "TRL)")
         return cells, f"TRL GRPOTrainer {_fmt(t['step_s'])} s/step", _fmt(r["speedup_vs_trl"])
     if name == "logprob":
         rows = r["results"]

@@ -14,11 +14,13 @@ same work. TRL needs `pip install trl` (it is not a test dependency); without it
 recorded as skipped with the reason.
 
 Ours runs as our RL loop does: the sampler prefills each distinct prompt once and copies its
-KV cache to the prompt's G rows (`sampling.generate`). Ours runs twice: as the RL loop's
-default (`ours`), and with `rl.share_prefix` (`ours_share_prefix`: the update runs each prompt
-once, as a shared prefix whose keys and values the G rows attend to; same loss and gradient).
-Each is split into rollout (jitted KV-cache sampler), scoring (the trainer's log-probs of the
-sampled tokens before the update = PPO's old log-probs) and update (the jitted train step).
+KV cache to the prompt's G rows (`sampling.generate`), the advantages are the loop's jitted
+estimator (`rl.registry.jitted_advantage`). Ours runs twice: as the RL loop's default (`ours`,
+`rl.share_prefix`: the update runs each prompt once, as a shared prefix whose keys and values
+the G rows attend to), and with `rl.share_prefix=False` (`ours_plain`: every row holds its
+prompt; same loss and gradient over more tokens). Each is split into rollout (jitted KV-cache
+sampler, rewards, advantages, packing), scoring (the trainer's log-probs of the sampled tokens
+before the update = PPO's old log-probs) and update (the jitted train step).
 TRL with one update per generation takes the old log-probs from the same forward as the loss,
 so `ours_step_no_scoring_s` is the like-for-like figure. Medians over the steps after the first
 (compile / warm-up); ours and TRL run one after the other in one process, torch with as many
@@ -108,7 +110,7 @@ def bench_ours(a, tok, cfg, params, prompts: list[str], share_prefix: bool) -> d
     import jax
     import jax.numpy as jnp
 
-    from toolverse_jax.rl.advantages import grpo
+    from toolverse_jax.rl.registry import AdvantageInputs, jitted_advantage
     from toolverse_jax.rl.types import Row
     from toolverse_jax.rl.batching import pack_rows
     from toolverse_jax.rl.trainer import (LossConfig, init_train_state, make_optimizer,
@@ -121,6 +123,7 @@ def bench_ours(a, tok, cfg, params, prompts: list[str], share_prefix: bool) -> d
     step_fn = make_train_step(cfg, LossConfig(name="ppo_clip", aggregation="token_mean"), opt)
     sp = SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0, stop_token_ids=(),
                         pad_id=tok.pad_id)
+    advantage = jitted_advantage("grpo", {})
     key = jax.random.key(a.seed)
     times = {"rollout_s": [], "scoring_s": [], "update_s": []}
     rewards_mean = []
@@ -133,7 +136,10 @@ def bench_ours(a, tok, cfg, params, prompts: list[str], share_prefix: bool) -> d
         out = generate(state.params, cfg, rep, sp, sub)
         texts = [tok.decode(list(map(int, t[:n]))) for t, n in zip(out.tokens, out.lengths)]
         rewards = np.array([reward_text(t) for t in texts], np.float32)
-        adv = np.asarray(grpo(jnp.asarray(rewards), jnp.asarray(group_ids)))
+        n = len(rewards)
+        adv = np.asarray(advantage(AdvantageInputs(
+            rewards=rewards, group_ids=group_ids, valid=np.ones(n, bool),
+            turn_mask=np.ones((n, 1), bool))))[:, 0]
         rows = []
         for p, t, lp, n, A in zip(rep, out.tokens, out.logprobs, out.lengths, adv):
             comp = list(map(int, t[:n]))
@@ -151,7 +157,7 @@ def bench_ours(a, tok, cfg, params, prompts: list[str], share_prefix: bool) -> d
         for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
             times[k].append(v)
         rewards_mean.append(float(rewards.mean()))
-        _log(f"ours{' share_prefix' if share_prefix else ''} step {s}: "
+        _log(f"ours{'' if share_prefix else ' plain'} step {s}: "
              f"rollout {t1 - t0:.3f} s, scoring {t2 - t1:.3f} s, "
              f"update {t3 - t2:.3f} s, loss {float(m['loss']):.4f}")
     med = {k: float(np.median(v[1:])) for k, v in times.items()}
@@ -220,8 +226,8 @@ def run(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tok, hf_tok, hf, cfg, params = build_models(a, tmp)
         prompts = fixed_length_prompts(tok, a.prompts * a.steps, a.prompt_len)
-        ours = bench_ours(a, tok, cfg, params, prompts, share_prefix=False)
-        ours_sp = bench_ours(a, tok, cfg, params, prompts, share_prefix=True)
+        ours = bench_ours(a, tok, cfg, params, prompts, share_prefix=True)
+        plain = bench_ours(a, tok, cfg, params, prompts, share_prefix=False)
         try:
             import torch
             import trl
@@ -231,13 +237,12 @@ def run(a: argparse.Namespace) -> dict:
             torch.set_num_threads(threads)
             theirs, version = bench_trl(a, hf_tok, hf, prompts), trl.__version__
     ours["tokens_per_step"] = float(a.prompts * a.group * (a.prompt_len + a.new_tokens))
-    ours_sp["tokens_per_step"] = ours["tokens_per_step"]
-    rec = {"benchmark": "grpo_trl", "ours": ours, "ours_share_prefix": ours_sp, "trl": theirs}
+    plain["tokens_per_step"] = ours["tokens_per_step"]
+    rec = {"benchmark": "grpo_trl", "ours": ours, "ours_plain": plain, "trl": theirs}
     if "step_s" in theirs:
         rec["speedup_vs_trl"] = round(theirs["step_s"] / ours["step_no_scoring_s"], 3)
         rec["speedup_vs_trl_with_scoring"] = round(theirs["step_s"] / ours["step_s"], 3)
-        rec["speedup_vs_trl_share_prefix"] = round(
-            theirs["step_s"] / ours_sp["step_no_scoring_s"], 3)
+        rec["speedup_vs_trl_plain"] = round(theirs["step_s"] / plain["step_no_scoring_s"], 3)
     rec["config"] = {"layers": a.layers, "d_model": a.d_model, "heads": a.heads,
                      "kv_heads": a.kv_heads, "head_dim": a.head_dim, "mlp_dim": a.mlp_dim,
                      "vocab": int(cfg.vocab_size), "prompts": a.prompts, "group": a.group,

@@ -116,7 +116,7 @@ def test_grpo_trl_quick_run():
     out = grpo_trl.run(grpo_trl.parse_args(["--quick"]))
     json.dumps(out)
     assert out["ours"]["step_s"] > 0 and out["trl"]["step_s"] > 0
-    assert out["ours_share_prefix"]["step_s"] > 0 and out["speedup_vs_trl_share_prefix"] > 0
+    assert out["ours_plain"]["step_s"] > 0 and out["speedup_vs_trl_plain"] > 0
     assert out["trl"]["completion_mean_length"] == 16.0
     assert out["trl"]["tokens_per_step"] == out["ours"]["tokens_per_step"]
 
@@ -127,9 +127,9 @@ def test_headlines_for_trl_and_multihost_records():
         "trl": {"step_s": 0.06}, "speedup_vs_trl": 1.5}}
     ours, base, ratio = bench_all.headline(trl)
     assert "0.04 s/step" in ours and "TRL GRPOTrainer 0.06" in base and ratio == "1.5"
-    trl["result"]["ours_share_prefix"] = {"step_no_scoring_s": 0.03, "update_s": 0.005}
-    trl["result"]["speedup_vs_trl_share_prefix"] = 2.0
-    assert "rl.share_prefix 0.03 s/step" in bench_all.headline(trl)[0]
+    trl["result"]["ours_plain"] = {"step_no_scoring_s": 0.05, "update_s": 0.02}
+    trl["result"]["speedup_vs_trl_plain"] = 1.2
+    assert "rl.share_prefix=False 0.05 s/step (update 0.02, 1.2x TRL)" in bench_all.headline(trl)[0]
     trl["result"]["trl"] = {"skipped": "trl not installed"}
     assert "TRL skipped: trl not installed" in bench_all.headline(trl)[1]
     mh = {"name": "multihost", "ok": True, "result": {

@@ -41,7 +41,8 @@ params = init_params(cfg, jax.random.key(0))
 with sharding_context(mesh):
     params = shard_params(params, cfg, mesh)
     state = init_train_state(params, opt)
-    batch = global_batch(distributed.process_slice(rows), 0, mesh)
+    # share_prefix as the RL default asks: two processes run the plain layout (logged).
+    batch = global_batch(distributed.process_slice(rows), 0, mesh, share_prefix=True)
     old, _ = score_jit(state.params, batch, cfg=cfg)
     batch = batch._replace(old_logprobs=old - 0.05, ref_logprobs=old)
     step = make_train_step(cfg, LossConfig(kl_coef=0.01), opt)

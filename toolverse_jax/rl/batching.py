@@ -7,6 +7,8 @@ rollouts, Memory-R2 role calls) shares: `pack_rows` builds one process's [B, L] 
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -244,20 +246,30 @@ def pack_rows(rows: Sequence[Row], pad_id: int, num_micro: int = 1,
                           prefix_index=np.asarray(prefix_of_slot, np.int32))
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_plain_layout(processes: int) -> None:
+    """Logs (once) that shared prefixes fall back to the plain layout on several processes."""
+    logging.warning("rl.share_prefix lays out one process's rows; with %d processes the "
+                    "update runs the plain layout (same loss and gradient)", processes)
+
+
 def global_batch(rows: Sequence[Row], pad_id: int, mesh: Mesh, num_micro: int = 1,
                  share_prefix: bool = False) -> TrainBatch:
     """Returns the global TrainBatch [sum of rows, L] on `mesh` from this process's rows (a
     process with none contributes one blank row); all processes agree on L (the max bucket)
     and pad to the same row count (zero-mask rows). share_prefix (one process only): shared
-    prefixes as `pack_rows` lays them out, split over the mesh like the rows."""
+    prefixes as `pack_rows` lays them out, split over the mesh like the rows (with several
+    processes: the plain layout, logged once)."""
     rows = list(rows) or [Row.blank(pad_id)]
     fills = {"tokens": pad_id, "targets": pad_id}
     if not share_prefix:
         return distributed.global_arrays(pack_rows(rows, pad_id, num_micro), mesh, num_micro,
                                          fills=fills)
     if jax.process_count() > 1:
-        raise ValueError("share_prefix (rl.share_prefix) lays out one process's rows; with "
-                         f"{jax.process_count()} processes set rl.share_prefix=False")
+        # Each process would hold its own prefixes, and the global prefix arrays would need
+        # per-process offsets: not built. The plain layout is the same update over more tokens.
+        _warn_plain_layout(jax.process_count())
+        return global_batch(rows, pad_id, mesh, num_micro, share_prefix=False)
     # Padded here to the mesh's shards, so the global batch keeps pack_rows's micro layout.
     local = pack_rows(rows, pad_id, num_micro, share_prefix=True,
                       shards=distributed.batch_shards(mesh))

@@ -294,7 +294,7 @@ class RunSpec:
                        skip_no_signal=bool(r.skip_no_signal) and r.loss == "ppo_clip"
                        and r.kl_coef == 0 and r.entropy_coef == 0
                        and not bool(c.train.get("log_ref_kl", False)),
-                       share_prefix=bool(r.get("share_prefix", False)))
+                       share_prefix=bool(r.get("share_prefix", True)))
         t = c.train
         m = c.model
         return cls(
