@@ -174,3 +174,28 @@ def test_global_batch_on_a_mesh_equals_one_device():
         print("ok", batch.tokens.shape, batch.prefix_index.sharding.spec)
     """)
     assert "ok (32, 64)" in out
+
+
+def test_ppo_update_reports_the_layout_it_ran():
+    """ppo_update with share_prefix: the same loss over fewer forwarded positions, and the
+    metrics say which layout ran (batch/positions, batch/shared_prefix_frac)."""
+    from toolverse_jax.rl.trainer import ppo_update
+    from toolverse_jax.sharding import make_mesh, sharding_context
+    cfg = get_preset("tiny")
+    rows = group_rows(np.random.default_rng(3))
+    opt = make_optimizer(1e-3, 1, 10)
+    step = make_train_step(cfg, LossConfig(aggregation="token_mean"), opt)
+    mesh = make_mesh((-1, 1, 1))
+    out = {}
+    with sharding_context(mesh):
+        for share in (False, True):
+            state = init_train_state(init_params(cfg, jax.random.key(0)), opt)
+            _, out[share] = ppo_update(state, rows, step, cfg=cfg, mesh=mesh, num_micro=1,
+                                       pad_id=0, temperature=1.0, share_prefix=share)
+    plain, shared = out[False], out[True]
+    np.testing.assert_allclose(shared["loss"], plain["loss"], rtol=1e-4)
+    assert plain["batch/shared_prefix_frac"] == 0.0 and shared["batch/shared_prefix_frac"] == 1.0
+    assert plain["batch/positions"] == pack_rows(rows, 0).tokens.size
+    laid = pack_rows(rows, 0, share_prefix=True)
+    assert shared["batch/positions"] == laid.tokens.size + laid.prefix_tokens.size
+    assert shared["batch/positions"] < plain["batch/positions"]

@@ -193,7 +193,7 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     parts = [[rows[j] for j in order[k::num_minibatches]] for k in range(num_minibatches)]
     t1 = time.time()
     batches = []
-    scales, dropped = [], 0
+    scales, dropped, positions, shared = [], 0, 0, 0
     for part in parts:
         scale = 1.0
         if skip_no_signal:
@@ -203,6 +203,10 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
             part = pad_rows(kept, pad_id, num_micro)
         scales.append(scale)
         batch = global_batch(part, pad_id, mesh, num_micro, share_prefix=share_prefix)
+        positions += batch.tokens.size
+        if batch.prefix_tokens is not None:
+            positions += batch.prefix_tokens.size
+            shared += 1
         old_lp = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
                            backend=backend)[0] if score_old else batch.old_logprobs
         ref_lp = old_lp if ref_params is None else score_jit(
@@ -225,7 +229,11 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     if ref_params is None:
         out.pop("kl", None)  # would be KL to the pre-update policy, not to the reference
     out.update({"time/scoring_s": t2 - t1, "time/update_s": time.time() - t2,
-                "ppo/updates": float(updates)})
+                "ppo/updates": float(updates),
+                # Token positions a pass forwards (rows and shared prefixes, padding included)
+                # and the share of minibatches laid out with shared prefixes.
+                "batch/positions": positions / len(batches),
+                "batch/shared_prefix_frac": shared / len(batches)})
     if skip_no_signal:
         out["ppo/rows_skipped_frac"] = dropped / max(len(rows), 1)
     return state, out
