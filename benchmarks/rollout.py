@@ -134,8 +134,9 @@ def run_sync(call, plan: dict, envs: Envs, horizon: int) -> list[list[list[int]]
 
 
 class PlanAgent:
-    """The continuous engine's `Agent` for a benchmark plan (as `run_sync`, one episode at a
-    time: its env call runs on the engine's env thread)."""
+    """The continuous engine's `Agent` for a benchmark plan: each turn's env calls run on the
+    engine's env thread, merged with those of the other turns queued at the same time
+    (`EnvCalls`)."""
 
     def __init__(self, plan: dict, envs: Envs):
         self.plan, self.envs = plan, envs
@@ -152,10 +153,17 @@ class PlanAgent:
         turn = len(self.outs[i]) - 1
         if turn + 1 >= self.plan["ends"][i]:
             return None
-        return lambda: self.envs.step([i], [turn])[0]
+        from toolverse_jax.sampling.engine import EnvCalls
+        # As rl/engine.py's agent: turns that end together share one pool call (and one
+        # --env-latency-ms sleep, like a turn of the synchronous loop).
+        return EnvCalls(self._step, [(i, turn)])
+
+    def _step(self, items: list) -> list:
+        return self.envs.step([i for i, _ in items], [t for _, t in items])
 
     def resume(self, i, env):
-        self.ctx[i] += env
+        (ids,) = env  # the results of this turn's one EnvCalls item
+        self.ctx[i] += ids
         return self.ctx[i]
 
 

@@ -237,3 +237,49 @@ def test_benchmark_case_runs_real_env_calls_on_every_engine(tiny, pool):
     assert case["continuous_vs_kv"] > 0 and case["continuous"]["decode_calls"] > 0
     assert case["speedup_vs_sync"] == pytest.approx(
         case["reprefill"]["rollout_s"] / case["kv"]["rollout_s"], rel=1e-2)
+
+
+def test_env_thread_merges_queued_env_calls_and_splits_results():
+    """Work queued while the env thread is busy runs together: consecutive EnvCalls with the
+    same `run` become one call whose results go back to each work in order; a plain callable
+    runs alone; a failing call fails every work merged into it; shutdown cancels the rest."""
+    import threading
+    from toolverse_jax.sampling.engine import EnvCalls, _EnvThread
+
+    calls = []
+
+    def run(items):
+        calls.append(list(items))
+        return [x * 10 for x in items]
+
+    def short(items):  # drops a result: an error, not a shifted answer
+        return items[:-1]
+
+    gate, started = threading.Event(), threading.Event()
+
+    def blocker():  # holds the env thread until the gate opens
+        started.set()
+        return gate.wait(5) and "first"
+
+    env = _EnvThread()
+    first = env.submit(blocker)
+    assert started.wait(5)  # everything below queues while the thread is busy
+    futs = [env.submit(EnvCalls(run, [1, 2])), env.submit(EnvCalls(run, [3])),
+            env.submit(lambda: "alone"), env.submit(EnvCalls(run, [4])),
+            env.submit(EnvCalls(short, [5])), env.submit(EnvCalls(short, [6, 7]))]
+    gate.set()
+    assert first.result(5) == "first"
+    assert [f.result(5) for f in futs[:4]] == [[10, 20], [30], "alone", [40]]
+    assert calls == [[1, 2, 3], [4]]
+    for f in futs[4:]:
+        with pytest.raises(RuntimeError, match="2 results for 3 items"):
+            f.result(5)
+    assert env.calls == 5  # first, [1, 2, 3], alone, [4], the failed pair
+    gate.clear()
+    started.clear()
+    env.submit(blocker)
+    assert started.wait(5)
+    late = env.submit(EnvCalls(run, [8]))
+    threading.Timer(0.2, gate.set).start()
+    env.shutdown()
+    assert late.cancelled() and calls == [[1, 2, 3], [4]]

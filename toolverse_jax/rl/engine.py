@@ -12,7 +12,6 @@ episode and the token's position (`ContinuousEngine`), so a seed reproduces a ru
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any, Callable, Sequence
 
@@ -25,7 +24,8 @@ from toolverse_jax.rl.rollout import (RolloutConfig, SamplerPolicy, _continue, _
                                       state_key)
 from toolverse_jax.rl.types import Trajectory
 from toolverse_jax.sampling import SampleOutput
-from toolverse_jax.sampling.engine import ContinuousEngine, EngineConfig, TurnOutput
+from toolverse_jax.sampling.engine import (ContinuousEngine, EngineConfig, EnvCalls,
+                                           TurnOutput)
 from toolverse_jax.tasks import Task
 
 
@@ -68,7 +68,7 @@ class RolloutAgent:
         self.t_start[i] = time.monotonic()
         return self.trajs[i].tokens if self._turn_allowed(i) else None
 
-    def end_turn(self, i: int, out: TurnOutput) -> Callable[[], Any] | None:
+    def end_turn(self, i: int, out: TurnOutput) -> EnvCalls | Callable[[], Any] | None:
         tr = self.trajs[i]
         n = len(out.tokens)
         sample = SampleOutput(out.tokens[None], out.logprobs[None], np.array([n]),
@@ -81,7 +81,9 @@ class RolloutAgent:
         # Parse errors come back first, then the executed calls' responses.
         self.responses[i] = [f"invalid tool call: {e}" for e in errors]
         batch = [(self.episodes[i], c["name"], c["arguments"]) for c in calls]
-        return functools.partial(self.pool.step, batch) if batch else list
+        # EnvCalls: the env thread merges the calls of episodes whose turns end together into
+        # one pool.step, which runs them on the pool's workers side by side.
+        return EnvCalls(self.pool.step, batch) if batch else list
 
     def resume(self, i: int, results: list) -> Sequence[int] | None:
         tr = self.trajs[i]

@@ -26,6 +26,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import threading
 import time
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
@@ -151,18 +152,105 @@ class TurnOutput(NamedTuple):
     stopped: bool
 
 
+class EnvCalls(NamedTuple):
+    """Work `Agent.end_turn` may return instead of a callable: `run(items)` returns one result
+    per item, in order. The env thread merges the EnvCalls of the same `run` that are queued
+    together into one call (one `EnvPool.step` over several episodes' tool calls, which the
+    pool spreads over its workers) and hands each work its own results, in order."""
+
+    run: Callable[[list], list]
+    items: list
+
+
 class Agent(Protocol):
     """The episodes a `ContinuousEngine` runs. `prompt` and `resume` run on the engine's thread,
-    the callables `end_turn` returns on its env thread, one at a time, in submission order."""
+    the work `end_turn` returns on its env thread, in submission order: a callable runs alone;
+    `EnvCalls` queued together with the same `run` run as one call."""
 
     def prompt(self, ep: int) -> Sequence[int] | None:
         """Returns episode ep's first context, or None if it ends before its first turn."""
 
-    def end_turn(self, ep: int, out: TurnOutput) -> Callable[[], Any] | None:
+    def end_turn(self, ep: int, out: TurnOutput) -> Callable[[], Any] | EnvCalls | None:
         """Records the turn; returns the work its result needs (env calls), or None: ended."""
 
     def resume(self, ep: int, result: Any) -> Sequence[int] | None:
         """Returns the whole context to continue from (it extends the last one), or None."""
+
+
+class _EnvThread:
+    """The engine's env thread: runs submitted work in order. Whatever queued while it was busy
+    is taken at once, and runs of consecutive `EnvCalls` with the same `run` become one call
+    (results split back per work: each item's result is what it gets alone, as long as `run`
+    treats items independently, as EnvPool.step does for different episodes)."""
+
+    def __init__(self):
+        self.queue: list[tuple[Any, concurrent.futures.Future]] = []
+        self.cond = threading.Condition()
+        self.closed = False
+        self.calls = 0  # calls made (merged EnvCalls count once)
+        self.thread = threading.Thread(target=self._loop, name="engine-env", daemon=True)
+        self.thread.start()
+
+    def submit(self, work) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self.cond:
+            if self.closed:
+                raise RuntimeError("engine env thread is shut down")
+            self.queue.append((work, fut))
+            self.cond.notify()
+        return fut
+
+    def shutdown(self) -> None:
+        """Cancels the work not started (a run that ends normally has none left), waits for
+        the running one."""
+        with self.cond:
+            self.closed = True
+            dropped, self.queue = self.queue, []
+            self.cond.notify()
+        for _, f in dropped:
+            f.cancel()
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.closed:
+                    self.cond.wait()
+                if not self.queue:
+                    return
+                taken, self.queue = self.queue, []
+            i = 0
+            while i < len(taken):
+                j = i + 1
+                if isinstance(taken[i][0], EnvCalls):
+                    while (j < len(taken) and isinstance(taken[j][0], EnvCalls)
+                           and taken[j][0].run == taken[i][0].run):
+                        j += 1
+                self._run(taken[i:j])
+                i = j
+
+    def _run(self, group: list) -> None:
+        self.calls += 1
+        futs = [f for _, f in group]
+        try:
+            if not isinstance(group[0][0], EnvCalls):
+                results = [group[0][0]()]
+            else:
+                merged = [x for w, _ in group for x in w.items]
+                out = list(group[0][0].run(merged))
+                if len(out) != len(merged):
+                    raise RuntimeError(f"EnvCalls.run returned {len(out)} results for "
+                                       f"{len(merged)} items")
+                results, at = [], 0
+                for w, _ in group:
+                    results.append(out[at:at + len(w.items)])
+                    at += len(w.items)
+        except BaseException as e:  # every work of the call sees the failure
+            for f in futs:
+                f.set_exception(e)
+            return
+        for f, r in zip(futs, results):
+            f.set_result(r)
 
 
 class ContinuousEngine:
@@ -353,7 +441,7 @@ class _Run:
 
     def loop(self) -> None:
         t_start = time.perf_counter()
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-env")
+        self.pool = _EnvThread()
         try:
             while True:
                 self._resume_due()
@@ -367,5 +455,6 @@ class _Run:
                 else:
                     break
         finally:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool.shutdown()
+            self.st["env_calls"] += self.pool.calls
             self.st["wall_s"] += time.perf_counter() - t_start
