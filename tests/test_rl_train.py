@@ -322,6 +322,63 @@ def test_ppo_update_one_pass_equals_a_plain_step_and_counts_epochs():
         assert m3["ppo/updates"] == 4.0 and int(s3.step) == 4
 
 
+def test_micro_count_splits_by_positions_but_never_a_row():
+    from toolverse_jax.rl.trainer import micro_count
+    assert micro_count(20_000, 64, 1, 32768) == 1
+    assert micro_count(65_536, 64, 1, 32768) == 2
+    assert micro_count(65_537, 64, 1, 32768) == 4
+    assert micro_count(65_536, 64, 2, 16384) == 4  # a multiple of the configured count
+    assert micro_count(10 ** 9, 8, 1, 100) == 8    # at most one row a micro-batch
+    assert micro_count(10 ** 9, 64, 1, 0) == 1     # off
+
+
+def test_ppo_update_over_the_token_budget_runs_more_micro_batches_same_update():
+    """micro_tokens: a minibatch above the budget is scored and updated in micro-batches; the
+    params and loss equal the single-pass update's (with and without shared prefixes)."""
+    from toolverse_jax.rl.trainer import ppo_update
+    from toolverse_jax.sharding import make_mesh, sharding_context
+    cfg = get_preset("tiny")
+    opt = make_optimizer(1e-3, 1, 10)
+    lc = LossConfig(name="ppo_clip")
+    built = []
+
+    def step_for(n):
+        built.append(n)
+        return make_train_step(cfg, lc, opt, num_micro=n)
+
+    mesh = make_mesh((-1, 1, 1))
+    rows = _rows(8)
+    with sharding_context(mesh):
+        for share in (False, True):
+            out = []
+            for budget in (0, 64):
+                state = init_train_state(init_params(cfg, jax.random.key(2)), opt)
+                s, m = ppo_update(state, rows, make_train_step(cfg, lc, opt), cfg=cfg, mesh=mesh,
+                                  num_micro=1, pad_id=0, temperature=1.0, share_prefix=share,
+                                  micro_tokens=budget, step_for=step_for)
+                out.append((s, m))
+            (s1, m1), (s2, m2) = out
+            assert m1["batch/num_micro"] == 1.0 and m2["batch/num_micro"] == 8.0
+            np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=1e-5)
+            for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    assert built == [8, 8]
+    with pytest.raises(ValueError, match="step_for"):
+        ppo_update(state, rows, None, cfg=cfg, mesh=mesh, num_micro=1, pad_id=0,
+                   temperature=1.0, micro_tokens=64)
+
+
+def test_score_jit_in_micro_batches_equals_one_pass():
+    from toolverse_jax.rl.trainer import score_jit
+    cfg = get_preset("tiny")
+    params = init_params(cfg, jax.random.key(0))
+    batch = pack_rows(_rows(8), 0, num_micro=4)
+    one = score_jit(params, batch, cfg=cfg)
+    four = score_jit(params, batch, cfg=cfg, num_micro=4)
+    for a, b in zip(one, four):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_warm_start_copies_the_sft_phase_and_matches_the_full_run(full_run, tmp_path):
     from toolverse_jax.rl.driver import run_training
     sft = str(tmp_path / "sft")

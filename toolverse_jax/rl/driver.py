@@ -177,6 +177,15 @@ def run(spec: RunSpec, workdir: str) -> dict:
         log = MetricsLog(workdir, start if latest is not None else None) if lead else None
         step_fns = {name: make_train_step(cfg, p.spec.loss, p.spec.optimizer, spec.num_micro)
                     for name, p in phases.items()}
+        more_micro: dict[tuple[str, int], Any] = {}  # (phase, micro-batches) -> train step
+
+        def step_for(name: str):
+            def get(n: int):
+                if (name, n) not in more_micro:
+                    p = phases[name].spec
+                    more_micro[name, n] = make_train_step(cfg, p.loss, p.optimizer, n)
+                return more_micro[name, n]
+            return get
 
         pbar = None
         if spec.progress and lead:
@@ -198,7 +207,7 @@ def run(spec: RunSpec, workdir: str) -> dict:
                     state = init_train_state(state.params, pspec.optimizer)
                 rows, metrics = phases[pspec.name].rows(local, state.params, ref_params, pool)
                 state, m = _update(state, rows, step_fns[pspec.name], pspec, spec, program,
-                                   mesh, ref_params, step)
+                                   mesh, ref_params, step, step_for(pspec.name))
                 metrics.update(m)
                 metrics["phase"] = pspec.name
                 done = step + 1
@@ -234,7 +243,7 @@ def run(spec: RunSpec, workdir: str) -> dict:
 
 
 def _update(state, rows: Sequence[Row], step_fn, pspec: PhaseSpec, spec: RunSpec,
-            program: Program, mesh, ref_params, step: int) -> tuple[Any, dict]:
+            program: Program, mesh, ref_params, step: int, step_for=None) -> tuple[Any, dict]:
     """Returns (state, metrics) after the phase's update on this step's rows (all processes')."""
     t0 = time.time()
     if not distributed.global_any(bool(rows)):
@@ -253,4 +262,6 @@ def _update(state, rows: Sequence[Row], step_fn, pspec: PhaseSpec, spec: RunSpec
                       rng=np.random.default_rng([pspec.seed, step]), backend=pspec.loss.backend,
                       score_old=not pspec.loss.old_from_current,
                       skip_no_signal=pspec.skip_no_signal,
-                      aggregation=pspec.loss.aggregation, share_prefix=pspec.share_prefix)
+                      aggregation=pspec.loss.aggregation, share_prefix=pspec.share_prefix,
+                      micro_tokens=spec.micro_tokens if step_for is not None else 0,
+                      step_for=step_for)

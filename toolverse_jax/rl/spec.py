@@ -249,6 +249,9 @@ class RunSpec:
     progress: bool
     distributed: dict | None        # sharding.distributed.initialize's settings (None = env)
     compilation_cache_dir: str = ""  # JAX's persistent compilation cache ("" = off)
+    # RL minibatches above num_micro * micro_tokens padded token positions run in more
+    # micro-batches (rl.trainer.ppo_update; 0 = never).
+    micro_tokens: int = 0
     tool_use: ToolUseSpec | None = None
     memory: MemorySpec | None = None
 
@@ -310,6 +313,7 @@ class RunSpec:
                               int(t.checkpoint_every), int(t.keep_checkpoints),
                               bool(t.eval_at_start)),
             num_micro=int(t.num_micro), progress=bool(t.progress),
+            micro_tokens=int(t.get("micro_tokens", 0)),
             distributed=dict(c.distributed) if "distributed" in c else None,
             compilation_cache_dir=os.path.expanduser(str(t.get("compilation_cache_dir", ""))),
             tool_use=_tool_use(c) if c.method == "toolverse" else None,

@@ -19,6 +19,7 @@ import optax
 from toolverse_jax.models import logprobs_of
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.rl.batching import global_batch, pad_rows
+from toolverse_jax.sharding import distributed
 from toolverse_jax.sharding.distributed import gather_rows
 from toolverse_jax.rl.losses import get_loss
 from toolverse_jax.rl.types import Row, TrainBatch
@@ -84,10 +85,16 @@ def score_logprobs(params, cfg: ModelConfig, batch: TrainBatch, temperature: flo
                        temperature=temperature, backend=backend, prefix=prefix)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "backend"))
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "backend", "num_micro"))
 def score_jit(params, batch: TrainBatch, *, cfg: ModelConfig, temperature: float = 1.0,
-              backend: str = "auto"):
-    return score_logprobs(params, cfg, batch, temperature, backend)
+              backend: str = "auto", num_micro: int = 1):
+    """Returns score_logprobs(...) of the batch; num_micro > 1 scores it one micro-batch at a
+    time (a batch laid out for that many, `pack_rows`), so its activations are a micro-batch's."""
+    if num_micro == 1:
+        return score_logprobs(params, cfg, batch, temperature, backend)
+    lp, ent = jax.lax.map(lambda mb: score_logprobs(params, cfg, mb, temperature, backend),
+                          _split_micro(batch, num_micro))
+    return lp.reshape(batch.tokens.shape), ent.reshape(batch.tokens.shape)
 
 
 def _split_micro(batch: TrainBatch, num_micro: int) -> TrainBatch:
@@ -159,11 +166,29 @@ def _rows_with_signal(rows: Sequence[Row], aggregation: str) -> tuple[list[Row],
     return kept, float(sums[0] / sums[1]) if sums[1] > 0 else 1.0
 
 
+def micro_count(positions: int, rows: int, base: int, budget: int) -> int:
+    """Returns the number of micro-batches for a batch of `positions` padded token positions
+    over `rows` rows (per mesh shard): the fewest of base, 2 * base, 4 * base, ... whose
+    share of the positions is at most `budget`, without going past one row a micro-batch (a
+    row is never split). budget <= 0: base."""
+    n = base
+    while budget > 0 and positions > budget * n and 2 * n <= rows:
+        n *= 2
+    return n
+
+
+def batch_positions(batch: TrainBatch) -> int:
+    """Returns the token positions a forward of the batch runs (rows and shared prefixes)."""
+    n = batch.tokens.size
+    return n + (0 if batch.prefix_tokens is None else batch.prefix_tokens.size)
+
+
 def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, num_micro: int,
                pad_id: int, temperature: float, ref_params=None, epochs: int = 1,
                num_minibatches: int = 1, rng: np.random.Generator | None = None,
                backend: str = "auto", score_old: bool = True, skip_no_signal: bool = False,
-               aggregation: str = "token_mean", share_prefix: bool = False):
+               aggregation: str = "token_mean", share_prefix: bool = False,
+               micro_tokens: int = 0, step_for=None):
     """Returns (state, metrics) after `epochs` passes over `rows` in `num_minibatches` shuffled
     minibatches (PPO's reuse of one rollout batch). π_old (and the reference, when given) score
     every minibatch once, before the first update, so the clip ratio of later passes is taken
@@ -180,7 +205,13 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     steps when none has a signal (Adam's moments then move the params as they would).
 
     share_prefix: rows that begin alike (a group's rollouts of one prompt) hold their common
-    leading inputs once per minibatch (`pack_rows`): the same update over fewer tokens."""
+    leading inputs once per minibatch (`pack_rows`): the same update over fewer tokens.
+
+    micro_tokens (> 0, with step_for(n) -> the train step built for n micro-batches): a
+    minibatch of more padded token positions than num_micro * micro_tokens is laid out for
+    more micro-batches (`micro_count`), scored and updated one micro-batch at a time: the same
+    update, with the activations (attention scores grow with rows x length^2) of a part. Long
+    rollouts then do not blow up the step's memory."""
     if skip_no_signal and ref_params is not None:
         raise ValueError("ppo_update: skip_no_signal with a reference (KL) is not exact")
     if not score_old and (epochs > 1 or num_minibatches > 1):
@@ -193,7 +224,9 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     parts = [[rows[j] for j in order[k::num_minibatches]] for k in range(num_minibatches)]
     t1 = time.time()
     batches = []
-    scales, dropped, positions, shared = [], 0, 0, 0
+    if micro_tokens > 0 and step_for is None:
+        raise ValueError("ppo_update: micro_tokens needs step_for (the step per micro count)")
+    scales, micros, dropped, positions, shared = [], [], 0, 0, 0
     for part in parts:
         scale = 1.0
         if skip_no_signal:
@@ -203,14 +236,19 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
             part = pad_rows(kept, pad_id, num_micro)
         scales.append(scale)
         batch = global_batch(part, pad_id, mesh, num_micro, share_prefix=share_prefix)
-        positions += batch.tokens.size
-        if batch.prefix_tokens is not None:
-            positions += batch.prefix_tokens.size
-            shared += 1
+        n = micro_count(batch_positions(batch),
+                        batch.tokens.shape[0] // distributed.batch_shards(mesh), num_micro,
+                        micro_tokens)
+        if n != num_micro:  # the shapes are global: every process picks the same n
+            batch = global_batch(part, pad_id, mesh, n, share_prefix=share_prefix)
+        micros.append(n)
+        positions += batch_positions(batch)
+        shared += batch.prefix_tokens is not None
         old_lp = score_jit(state.params, batch, cfg=cfg, temperature=temperature,
-                           backend=backend)[0] if score_old else batch.old_logprobs
+                           backend=backend, num_micro=n)[0] if score_old else batch.old_logprobs
         ref_lp = old_lp if ref_params is None else score_jit(
-            ref_params, batch, cfg=cfg, temperature=temperature, backend=backend)[0]
+            ref_params, batch, cfg=cfg, temperature=temperature, backend=backend,
+            num_micro=n)[0]
         batches.append(batch._replace(old_logprobs=old_lp, ref_logprobs=ref_lp))
     jax.block_until_ready(batches)
     t2 = time.time()
@@ -218,8 +256,9 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
     updates = 0
     for _ in range(max(int(epochs), 1)):
         for k in rng.permutation(len(batches)):
-            state, m = (step_fn(state, batches[k], scales[k]) if skip_no_signal
-                        else step_fn(state, batches[k]))
+            fn = step_fn if micros[k] == num_micro else step_for(micros[k])
+            state, m = (fn(state, batches[k], scales[k]) if skip_no_signal
+                        else fn(state, batches[k]))
             for name, v in jax.device_get(m).items():
                 v = float(v)
                 sums[name] = (max(sums.get(name, v), v) if name.endswith("_max")
@@ -233,7 +272,8 @@ def ppo_update(state, rows: Sequence[Row], step_fn, *, cfg: ModelConfig, mesh, n
                 # Token positions a pass forwards (rows and shared prefixes, padding included)
                 # and the share of minibatches laid out with shared prefixes.
                 "batch/positions": positions / len(batches),
-                "batch/shared_prefix_frac": shared / len(batches)})
+                "batch/shared_prefix_frac": shared / len(batches),
+                "batch/num_micro": float(np.mean(micros))})
     if skip_no_signal:
         out["ppo/rows_skipped_frac"] = dropped / max(len(rows), 1)
     return state, out
