@@ -40,9 +40,10 @@ def tasks():
 
 @pytest.fixture(scope="module")
 def warm(tasks, pool):
-    """A tiny model after a few SFT steps on the tasks' gold turns (each with the 40 tokens
+    """A tiny model after a few SFT steps on the tasks' gold turns (each with the 400 tokens
     before it): it emits tool calls, valid ones (executed by the servers) and invalid ones, so
-    rollouts run many turns and reach the end reasons."""
+    rollouts run many turns and reach the end reasons. (With 40 tokens of context the
+    horizon-10 rollouts stopped at their first turn, truncated.)"""
     cfg = get_preset("tiny").replace(vocab_size=TOK.vocab_size, max_seq_len=8192)
     rows = []
     for t in tasks["quickstart"] + tasks["horizon10"]:
@@ -51,7 +52,7 @@ def warm(tasks, pool):
         pool.close([ep])
         toks, mask, _ = gold_demonstration(t, tools, TOK, RCFG)
         for a, b in _spans(mask)[:2]:
-            lo = max(a - 40, 0)
+            lo = max(a - 400, 0)
             rows.append(demonstration_row(toks[lo:b], [False] * (a - lo) + [True] * (b - a)))
     opt = make_optimizer(1e-2, 5, 60)
     step = make_train_step(cfg, LossConfig(name="sft"), opt)
