@@ -205,8 +205,7 @@ def test_rollouts_equal_turn_loop_fast(warm, tasks, pool):
     """Greedy: the continuous engine's trajectories equal the turn loop's (tokens, masks, turn
     records, end reasons, rewards; log-probs to 1e-5, and to the trainer's scoring)."""
     trajs = _equal_to_turn_loop(warm, tasks["quickstart"][:2], pool,
-                                dataclasses.replace(RCFG, max_turns=3, max_invalid_streak=2),
-                                max_new=64)
+                                dataclasses.replace(RCFG, max_turns=3, max_invalid_streak=2))
     assert max(len(t.turns) for t in trajs) >= 2
 
 
