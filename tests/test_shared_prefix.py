@@ -199,3 +199,14 @@ def test_ppo_update_reports_the_layout_it_ran():
     laid = pack_rows(rows, 0, share_prefix=True)
     assert shared["batch/positions"] == laid.tokens.size + laid.prefix_tokens.size
     assert shared["batch/positions"] < plain["batch/positions"]
+
+    # Over a token budget the same shared-prefix minibatch is scored (pi_old) and updated in
+    # micro-batches, each reading its own prefixes: the same loss.
+    with sharding_context(mesh):
+        state = init_train_state(init_params(cfg, jax.random.key(0)), opt)
+        _, micro = ppo_update(state, rows, step, cfg=cfg, mesh=mesh, num_micro=1, pad_id=0,
+                              temperature=1.0, share_prefix=True, micro_tokens=400,
+                              step_for=lambda n: make_train_step(
+                                  cfg, LossConfig(aggregation="token_mean"), opt, num_micro=n))
+    assert micro["batch/num_micro"] == 4.0 and micro["batch/shared_prefix_frac"] == 1.0
+    np.testing.assert_allclose(micro["loss"], shared["loss"], rtol=1e-4)
