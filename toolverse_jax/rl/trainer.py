@@ -20,7 +20,6 @@ from toolverse_jax.models import logprobs_of
 from toolverse_jax.models.config import ModelConfig
 from toolverse_jax.rl.batching import global_batch, pad_rows
 from toolverse_jax.sharding import distributed
-from toolverse_jax.sharding.distributed import gather_rows
 from toolverse_jax.rl.losses import get_loss
 from toolverse_jax.rl.types import Row, TrainBatch
 
@@ -161,8 +160,8 @@ def _rows_with_signal(rows: Sequence[Row], aggregation: str) -> tuple[list[Row],
         return n if aggregation == "token_mean" else float(n > 0)
 
     kept = [r for r in rows if r.has_signal] or list(rows[:1])
-    sums = gather_rows(np.asarray([[sum(map(weight, kept)), sum(map(weight, rows))]],
-                                  np.float64)).sum(axis=0)
+    local = np.asarray([[sum(map(weight, kept)), sum(map(weight, rows))]], np.float64)
+    sums = distributed.gather_rows(local).sum(axis=0)
     return kept, float(sums[0] / sums[1]) if sums[1] > 0 else 1.0
 
 
